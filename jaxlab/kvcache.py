@@ -1,0 +1,61 @@
+"""The KV cache as explicit state: a pytree passed into the model step and returned from it.
+
+Layout, per layer: ``k`` and ``v`` of shape [B, S, n_kv_heads, head_dim], where S is the cache length
+(slots). ``pos`` [B, S] holds the position of the token stored in each slot, -1 for an empty slot or a
+padding token; ``index`` is the next slot to write (shared by the batch, so a write is one
+``dynamic_update_slice``, done in place when the cache is donated).
+
+Batches are left-padded: a row whose prompt is shorter starts with padding (position -1), so every row
+writes its next token at the same slot. A query at position p attends to slots whose position lies in
+[0, p]. Rolling back (speculative decoding) only moves ``index`` back: stale slots hold positions
+greater than any later query's, so they are invisible until overwritten.
+
+Memory: 2 x layers x B x S x kv_heads x head_dim x itemsize (``LlamaConfig.kv_cache_bytes``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+
+from .config import LlamaConfig
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class KVCache:
+    k: tuple  # per layer [B, S, KVH, Hd]
+    v: tuple  # per layer [B, S, KVH, Hd]
+    pos: jax.Array  # [B, S] int32, -1 = empty or padding
+    index: jax.Array  # [] int32, next slot to write
+
+    @property
+    def batch(self) -> int:
+        return self.pos.shape[0]
+
+    @property
+    def length(self) -> int:
+        return self.pos.shape[1]
+
+    def nbytes(self) -> int:
+        return sum(a.size * a.dtype.itemsize for a in (*self.k, *self.v))
+
+
+def init_cache(cfg: LlamaConfig, batch: int, length: int, dtype=jnp.float32) -> KVCache:
+    """An empty cache for ``batch`` rows of ``length`` slots."""
+    shape = (batch, length, cfg.n_kv_heads, cfg.head_dim)
+    return KVCache(
+        k=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)),
+        v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)),
+        pos=jnp.full((batch, length), -1, jnp.int32),
+        index=jnp.zeros((), jnp.int32),
+    )
+
+
+def rollback(cache: KVCache, index) -> KVCache:
+    """Forget every slot from ``index`` on (they stay allocated and are overwritten later)."""
+    slots = jnp.arange(cache.length)
+    pos = jnp.where(slots[None, :] < index, cache.pos, -1)
+    return KVCache(cache.k, cache.v, pos, jnp.asarray(index, jnp.int32))

@@ -1,0 +1,353 @@
+"""The Llama-family decoder in Flax NNX, and the pure step built from it.
+
+* RMSNorm (computed in float32, as the reference does)
+* rotary position embeddings (RoPE), "rotate half" layout as in Hugging Face ``transformers``
+* grouped-query attention: ``n_heads`` query heads share ``n_kv_heads`` key/value heads
+* SwiGLU feed-forward
+* tied input/output embeddings (SmolLM2), or a separate ``lm_head``
+
+One implementation serves everything: the NNX modules below hold the computation, and
+:func:`forward` is the pure function ``forward(params, tokens, positions, cache) -> (logits, cache)``
+obtained from them by ``nnx.split``/``nnx.merge`` — usable under ``jit``, ``vmap``, sharding and export.
+
+Positions carry the padding: a token at position ``< 0`` is padding. Attention lets a query at
+position ``p`` see every key whose position is in ``[0, p]``, so left-padded batches, chunked prefill
+and cached decoding all use one rule (see :mod:`jaxlab.kvcache`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from .config import DTYPES, LlamaConfig
+from .errors import ConfigError
+from .kvcache import KVCache
+
+Array = jax.Array
+MASK_VALUE = -1e30  # finite, so a query with no visible key (padding) gives a uniform row, not NaN
+
+
+# --------------------------------------------------------------------------------------------------
+# dtype and matmul-precision policy
+# --------------------------------------------------------------------------------------------------
+
+PRECISIONS = {
+    "default": jax.lax.Precision.DEFAULT,
+    "high": jax.lax.Precision.HIGH,
+    "highest": jax.lax.Precision.HIGHEST,
+}
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How the model stores and computes: parameter/activation dtype and matmul precision.
+
+    Norms, softmax and logits are always float32. ``precision`` is passed to every matmul explicitly,
+    so results do not depend on a global flag: on TPU, "default" float32 matmuls run in bfloat16
+    passes and on recent GPUs in TF32, either of which breaks float32 parity with the reference.
+    """
+
+    dtype: str = "float32"
+    precision: str = "highest"
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"unknown dtype {self.dtype!r}; choose one of {sorted(DTYPES)}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"unknown matmul precision {self.precision!r}; choose one of {sorted(PRECISIONS)}")
+
+    @property
+    def jnp_dtype(self):
+        return DTYPES[self.dtype]
+
+    @property
+    def lax_precision(self):
+        return PRECISIONS[self.precision]
+
+
+def default_policy(dtype: str = "float32", backend: str | None = None) -> Policy:
+    """The per-backend default: float32 runs at "highest" precision everywhere (parity first);
+    bfloat16 runs at "default" precision, which is already exact for bfloat16 inputs."""
+    backend = backend or jax.default_backend()
+    if dtype == "float32":
+        return Policy(dtype, "highest")
+    return Policy(dtype, "default")
+
+
+# --------------------------------------------------------------------------------------------------
+# Modules
+# --------------------------------------------------------------------------------------------------
+
+
+def _dense(x: Array, kernel: Array, policy: Policy) -> Array:
+    # [..., I] x [I, O] -> [..., O]
+    return jnp.einsum("...i,io->...o", x, kernel.astype(x.dtype), precision=policy.lax_precision)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float, policy: Policy):
+        self.weight = nnx.Param(jnp.ones((dim,), policy.jnp_dtype))
+        self.eps = eps
+
+    def __call__(self, x: Array) -> Array:  # [..., D] -> [..., D]
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.weight.astype(x.dtype) * y.astype(x.dtype)
+
+
+def rope_frequencies(head_dim: int, theta: float) -> np.ndarray:
+    """Inverse frequencies 1 / theta^(2i/d), i = 0 .. d/2-1."""
+    return 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+
+
+def rope_cos_sin(positions: Array, head_dim: int, theta: float) -> tuple[Array, Array]:
+    """cos and sin tables for integer positions [B, T] -> two [B, T, head_dim] float32 arrays."""
+    inv_freq = jnp.asarray(rope_frequencies(head_dim, theta), jnp.float32)
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, d/2]
+    angles = jnp.concatenate([angles, angles], axis=-1)  # [B, T, d]
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
+    """Rotate x [B, T, ..., d] by position: x*cos + rotate_half(x)*sin ("rotate half" layout)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    extra = x.ndim - cos.ndim  # broadcast over head axes
+    cos = cos.reshape(cos.shape[:2] + (1,) * extra + cos.shape[2:])
+    sin = sin.reshape(sin.shape[:2] + (1,) * extra + sin.shape[2:])
+    x32 = x.astype(jnp.float32)
+    return (x32 * cos + rotated.astype(jnp.float32) * sin).astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    """Grouped-query self-attention with an optional KV cache."""
+
+    def __init__(self, cfg: LlamaConfig, policy: Policy, rngs: nnx.Rngs):
+        init = nnx.initializers.normal(0.02)
+        d, h, kvh, hd = cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        dt = policy.jnp_dtype
+        self.wq = nnx.Param(init(rngs.params(), (d, h * hd), dt))
+        self.wk = nnx.Param(init(rngs.params(), (d, kvh * hd), dt))
+        self.wv = nnx.Param(init(rngs.params(), (d, kvh * hd), dt))
+        self.wo = nnx.Param(init(rngs.params(), (h * hd, d), dt))
+        self.cfg = cfg
+        self.policy = policy
+
+    def __call__(self, x, positions, cos, sin, key_positions, cache_kv=None, index=None):
+        # x [B, T, D]; positions [B, T]; key_positions [B, S]; cache_kv: ([B, S, KVH, Hd], same) or None
+        cfg, pol = self.cfg, self.policy
+        b, t, _ = x.shape
+        q = _dense(x, self.wq[...], pol).reshape(b, t, cfg.n_kv_heads, cfg.q_per_kv, cfg.head_dim)
+        k = _dense(x, self.wk[...], pol).reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
+        v = _dense(x, self.wv[...], pol).reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache_kv is not None:
+            ck, cv = cache_kv
+            k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, index, 0, 0))
+            v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, index, 0, 0))
+            new_kv = (k, v)
+        else:
+            new_kv = None
+        # scores [B, KVH, G, T, S]: each of the G query heads of a group reads the same K/V head
+        scores = jnp.einsum("btkgd,bskd->bkgts", q, k.astype(q.dtype), precision=pol.lax_precision)
+        scores = scores.astype(jnp.float32) * (cfg.head_dim ** -0.5)
+        visible = (key_positions[:, None, :] >= 0) & (key_positions[:, None, :] <= positions[:, :, None])
+        scores = jnp.where(visible[:, None, None], scores, MASK_VALUE)  # visible [B, T, S]
+        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+        out = jnp.einsum("bkgts,bskd->btkgd", probs, v, precision=pol.lax_precision)
+        out = out.reshape(b, t, cfg.n_heads * cfg.head_dim).astype(x.dtype)
+        return _dense(out, self.wo[...], pol), new_kv
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: LlamaConfig, policy: Policy, rngs: nnx.Rngs):
+        init = nnx.initializers.normal(0.02)
+        dt = policy.jnp_dtype
+        self.w_gate = nnx.Param(init(rngs.params(), (cfg.dim, cfg.ffn_dim), dt))
+        self.w_up = nnx.Param(init(rngs.params(), (cfg.dim, cfg.ffn_dim), dt))
+        self.w_down = nnx.Param(init(rngs.params(), (cfg.ffn_dim, cfg.dim), dt))
+        self.policy = policy
+
+    def __call__(self, x: Array) -> Array:  # [B, T, D] -> [B, T, D]
+        pol = self.policy
+        gate = _dense(x, self.w_gate[...], pol)
+        up = _dense(x, self.w_up[...], pol)
+        return _dense(jax.nn.silu(gate) * up, self.w_down[...], pol)
+
+
+class Block(nnx.Module):
+    """Pre-norm decoder block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: LlamaConfig, policy: Policy, rngs: nnx.Rngs):
+        self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps, policy)
+        self.attn = Attention(cfg, policy, rngs)
+        self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps, policy)
+        self.mlp = MLP(cfg, policy, rngs)
+
+    def __call__(self, x, positions, cos, sin, key_positions, cache_kv=None, index=None):
+        h, new_kv = self.attn(self.attn_norm(x), positions, cos, sin, key_positions, cache_kv, index)
+        x = x + h
+        x = x + self.mlp(self.mlp_norm(x))
+        return x, new_kv
+
+
+class Llama(nnx.Module):
+    def __init__(self, cfg: LlamaConfig, policy: Policy | None = None, *, rngs: nnx.Rngs):
+        policy = policy or default_policy()
+        self.cfg = cfg
+        self.policy = policy
+        self.embed = nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (cfg.vocab_size, cfg.dim), policy.jnp_dtype))
+        self.layers = nnx.List([Block(cfg, policy, rngs) for _ in range(cfg.n_layers)])
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps, policy)
+        if not cfg.tie_embeddings:
+            self.lm_head = nnx.Param(
+                nnx.initializers.normal(0.02)(rngs.params(), (cfg.dim, cfg.vocab_size), policy.jnp_dtype)
+            )
+
+    def __call__(self, tokens: Array, positions: Array, cache: KVCache | None = None, *, last_only: bool = False):
+        """tokens, positions [B, T] int -> logits [B, T or 1, V] float32, updated cache.
+
+        With a cache, the T new tokens are written at slots ``cache.index .. cache.index+T-1``.
+        ``last_only`` computes logits for the last position only (what prefill needs: with left padding
+        the last position is every row's last real token)."""
+        cfg = self.cfg
+        dt = self.policy.jnp_dtype
+        x = jnp.take(self.embed[...], tokens, axis=0).astype(dt)  # [B, T, D]
+        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
+        if cache is not None:
+            key_positions = jax.lax.dynamic_update_slice(cache.pos, positions.astype(cache.pos.dtype), (0, cache.index))
+        else:
+            key_positions = positions
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.layers):
+            with jax.named_scope(f"layer{i}"):
+                kv = (cache.k[i], cache.v[i]) if cache is not None else None
+                x, kv = layer(x, positions, cos, sin, key_positions, kv, None if cache is None else cache.index)
+            if kv is not None:
+                new_k.append(kv[0])
+                new_v.append(kv[1])
+        if last_only:
+            x = x[:, -1:]
+        x = self.norm(x)
+        head = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
+        logits = _dense(x, head, self.policy).astype(jnp.float32)
+        if cache is None:
+            return logits, None
+        t = tokens.shape[1]
+        new_cache = KVCache(k=tuple(new_k), v=tuple(new_v), pos=key_positions, index=cache.index + t)
+        return logits, new_cache
+
+
+# --------------------------------------------------------------------------------------------------
+# Parameters as a pytree, and the pure step
+# --------------------------------------------------------------------------------------------------
+
+
+@jax.tree_util.register_pytree_node_class
+class Params:
+    """The model's weights as a pytree: ``state`` (the arrays) plus the static ``graphdef`` that
+    ``nnx.merge`` needs to rebuild the modules. Pass it to :func:`forward`, ``jit``, ``vmap``..."""
+
+    def __init__(self, graphdef: Any, state: nnx.State):
+        self.graphdef = graphdef
+        self.state = state
+
+    def tree_flatten(self):
+        return (self.state,), self.graphdef
+
+    @classmethod
+    def tree_unflatten(cls, graphdef, children):
+        return cls(graphdef, children[0])
+
+    @property
+    def config(self) -> LlamaConfig:
+        return self.module().cfg
+
+    @property
+    def policy(self) -> Policy:
+        return self.module().policy
+
+    def module(self) -> Llama:
+        return nnx.merge(self.graphdef, self.state)
+
+    def flat(self) -> dict[str, Array]:
+        """{"layers.0.attn.wq": array, ...}: canonical names used by the loaders and the param cache."""
+        return {_path_name(path): var.get_value() for path, var in nnx.to_flat_state(self.state)}
+
+    def nbytes(self) -> int:
+        return sum(a.size * a.dtype.itemsize for a in self.flat().values())
+
+    def __repr__(self):
+        cfg = self.config
+        return f"Params({cfg.name}, {cfg.n_params() / 1e6:.1f}M, dtype={self.policy.dtype})"
+
+
+def _path_name(path) -> str:
+    return ".".join(str(p) for p in path)
+
+
+def init_params(cfg: LlamaConfig, key: Array | int = 0, policy: Policy | None = None) -> Params:
+    """Random weights (for tests and exercises)."""
+    key = jax.random.key(key) if isinstance(key, int) else key
+    graphdef, state = nnx.split(Llama(cfg, policy, rngs=nnx.Rngs(params=key)))
+    return Params(graphdef, state)
+
+
+def param_shapes(cfg: LlamaConfig, policy: Policy | None = None) -> dict[str, tuple[int, ...]]:
+    """Canonical name -> shape, without allocating anything."""
+    _, state = nnx.split(nnx.eval_shape(lambda: Llama(cfg, policy, rngs=nnx.Rngs(0))))
+    return {_path_name(p): tuple(v.get_value().shape) for p, v in nnx.to_flat_state(state)}
+
+
+def params_from_flat(cfg: LlamaConfig, flat: dict[str, Any], policy: Policy | None = None, source: str = "weights") -> Params:
+    """Build :class:`Params` from ``{canonical name: array}``, checking every name and shape."""
+    policy = policy or default_policy()
+    abstract = nnx.eval_shape(lambda: Llama(cfg, policy, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    flat_state = nnx.to_flat_state(state)
+    expected = {_path_name(p) for p, _ in flat_state}
+    missing = sorted(expected - set(flat))
+    extra = sorted(set(flat) - expected)
+    if missing or extra:
+        raise ConfigError(
+            f"{source}: parameter names do not match the model config {cfg.name!r}"
+            + (f"; missing {missing[:5]}{'...' if len(missing) > 5 else ''}" if missing else "")
+            + (f"; unexpected {extra[:5]}{'...' if len(extra) > 5 else ''}" if extra else "")
+        )
+    leaves = []
+    for path, var in flat_state:
+        name = _path_name(path)
+        want = tuple(var.get_value().shape)
+        arr = flat[name]
+        if tuple(arr.shape) != want:
+            raise ConfigError(f"{source}: tensor {name} has shape {tuple(arr.shape)}, the config needs {want}")
+        leaves.append(var.replace(jnp.asarray(arr, dtype=policy.jnp_dtype)))
+    state = nnx.from_flat_state([(p, v) for (p, _), v in zip(flat_state, leaves)])
+    return Params(graphdef, state)
+
+
+def forward(params: Params, tokens: Array, positions: Array, cache: KVCache | None = None, *, last_only: bool = False):
+    """The pure step: ``(params, tokens [B, T], positions [B, T], cache) -> (logits, cache)``.
+
+    Built from the NNX modules by ``nnx.merge``; ``jit`` it with ``last_only`` static."""
+    return params.module()(tokens, positions, cache, last_only=last_only)
+
+
+def cast_params(params: Params, policy: Policy) -> Params:
+    """The same weights under another dtype/precision policy."""
+    return params_from_flat(params.config, params.flat(), policy)
+
+
+def replace_config(params: Params, **changes) -> Params:
+    cfg = dataclasses.replace(params.config, **changes)
+    return params_from_flat(cfg, params.flat(), params.policy)
