@@ -142,7 +142,7 @@ def from_hf_config(cfg: Mapping[str, Any], name: str = "hf") -> LlamaConfig:
     rope_theta = cfg.get("rope_theta")
     if rope_theta is None:
         rope_theta = (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
-    scaling = cfg.get("rope_scaling") or {}
+    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     if scaling and scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
         raise ConfigError(f"rope_scaling {scaling} is not supported by jaxlab's model")
     n_heads = int(cfg["num_attention_heads"])

@@ -324,15 +324,16 @@ def params_from_flat(cfg: LlamaConfig, flat: dict[str, Any], policy: Policy | No
             + (f"; missing {missing[:5]}{'...' if len(missing) > 5 else ''}" if missing else "")
             + (f"; unexpected {extra[:5]}{'...' if len(extra) > 5 else ''}" if extra else "")
         )
-    leaves = []
+    arrays = []
     for path, var in flat_state:
         name = _path_name(path)
         want = tuple(var.get_value().shape)
         arr = flat[name]
         if tuple(arr.shape) != want:
             raise ConfigError(f"{source}: tensor {name} has shape {tuple(arr.shape)}, the config needs {want}")
-        leaves.append(var.replace(jnp.asarray(arr, dtype=policy.jnp_dtype)))
-    state = nnx.from_flat_state([(p, v) for (p, _), v in zip(flat_state, leaves)])
+        arrays.append(arr if isinstance(arr, jax.Array) else np.asarray(arr, dtype=policy.jnp_dtype))
+    arrays = jax.device_put(arrays)  # one transfer for the whole tree
+    state = nnx.from_flat_state([(p, var.replace(a)) for (p, var), a in zip(flat_state, arrays)])
     return Params(graphdef, state)
 
 

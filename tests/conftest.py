@@ -1,0 +1,57 @@
+"""Shared fixtures: the embedded model and the reference (transformers), each loaded once per session.
+
+Parity figures recorded with the ``parity`` fixture are printed at the end of the run.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pytest
+
+_PARITY: list[str] = []
+
+
+@pytest.fixture(scope="session")
+def gguf_path():
+    from jaxlab import assets
+
+    return assets.model_path()
+
+
+@pytest.fixture(scope="session")
+def smollm(gguf_path):
+    """The embedded SmolLM2-135M (params + tokenizer), float32."""
+    from jaxlab.loading import load
+
+    return load()
+
+
+@pytest.fixture(scope="session")
+def generator(smollm):
+    from jaxlab.generate import Generator
+
+    return Generator(smollm.params, smollm.tokenizer)
+
+
+@pytest.fixture(scope="session")
+def reference(gguf_path):
+    """(model, tokenizer) of Hugging Face transformers on the same GGUF, float32 CPU."""
+    from jaxlab.reference import load_reference
+
+    return load_reference(gguf_path)
+
+
+@pytest.fixture(scope="session")
+def parity():
+    """parity(line): record a measured parity figure for the end-of-run summary."""
+    return _PARITY.append
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _PARITY:
+        terminalreporter.section("parity with the reference (transformers, float32)")
+        for line in _PARITY:
+            terminalreporter.write_line(line)
