@@ -17,11 +17,13 @@ often 2 or 3 tokens). :class:`StreamDecoder` holds such half characters back whi
 A GGUF file carries no ``tokenizer.json``; it stores the vocabulary (``tokenizer.ggml.tokens``), the
 merges, a type per token (3 = control, like ``<|im_start|>``) and the *name* of the pre-tokenizer
 (``tokenizer.ggml.pre``). :meth:`Tokenizer.from_gguf` rebuilds the tokenizer from those with the
-``tokenizers`` library, the way llama.cpp (and ``transformers``) interpret them.
+``tokenizers`` library, the way llama.cpp interprets them. (``transformers``' GGUF conversion gives the
+same ids except for one detail of SmolLM2's digit splitting; see :func:`_pre_tokenizer`.)
 
-Not every byte is in every vocabulary: SmolLM2's has no token for 21 byte values (six rare control
-characters, and lead bytes of code points U+40000..U+BFFFF, which are unassigned), and the BPE model
-silently drops text it cannot spell, as the reference tokenizer does. :attr:`Tokenizer.missing_bytes`
+Not every byte is in every vocabulary: SmolLM2's has no token for 21 byte values (six control
+characters, 13 bytes that never occur in valid UTF-8, and the lead bytes 0xF1/0xF2 of the unassigned
+code points U+40000..U+BFFFF), and the BPE model silently drops text it cannot spell, as the reference
+tokenizer does. :attr:`Tokenizer.missing_bytes`
 lists them; :func:`sanitize` removes the control characters before they get that far.
 """
 
@@ -34,13 +36,16 @@ import os
 import re
 import struct
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as _Backend
 
 from .errors import InvalidRequestError, ModelFileError
+
+if TYPE_CHECKING:
+    from .weights.gguf import GGUFFile
 
 # llama.cpp's token types (tokenizer.ggml.token_type)
 CONTROL, USER_DEFINED = 3, 4
@@ -79,10 +84,15 @@ def _pre_tokenizer(name: str):
     if name in _GPT2_NAMES:
         return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     if name in _DIGITS_NAMES:
-        # Digits must come first: ByteLevel rewrites the text into its byte alphabet, after which no
-        # character is a digit any more (SmolLM2's own tokenizer.json has exactly this sequence).
+        # llama.cpp splits these on \p{N} (every number character alone) before GPT-2's regex. Digits runs
+        # on the real text, so it must come first: ByteLevel respells bytes, after which "½" is "Â½" and no
+        # longer a number. (transformers' GGUF conversion omits the digit split; with ASCII digits the ids
+        # are the same, but " ½" becomes "ĠÂ" + "½" there and "Ġ" + "Â½" here and in llama.cpp.)
         return pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            ]
         )
     if name in _LLAMA3_NAMES:
         return pre_tokenizers.Sequence(
@@ -203,7 +213,7 @@ class Tokenizer:
     # ---- construction -------------------------------------------------------------------------------
 
     @classmethod
-    def from_gguf(cls, source) -> "Tokenizer":
+    def from_gguf(cls, source: str | os.PathLike | GGUFFile) -> "Tokenizer":
         """Build from a GGUF file's metadata. ``source``: a path, or an opened ``GGUFFile`` (no re-read)."""
         if hasattr(source, "field") and hasattr(source, "path"):  # a jaxlab.weights.gguf.GGUFFile
             meta = dict(source.metadata)
@@ -223,12 +233,13 @@ class Tokenizer:
             )
         if kind != "gpt2":
             raise ModelFileError(
-                f"{where}: the tokenizer is of kind {kind!r} (tokenizer.ggml.model); jaxlab builds byte-level "
-                "BPE tokenizers ('gpt2') from GGUF files; load this model's tokenizer.json with Tokenizer.from_hf(folder)"
+                f"{where}: the tokenizer is of kind {kind!r} (tokenizer.ggml.model); jaxlab builds only "
+                "byte-level BPE tokenizers ('gpt2') from GGUF files; load this model's tokenizer.json "
+                "with Tokenizer.from_hf(folder)"
             )
         missing = [k for k in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges") if not meta.get(k)]
         if missing:
-            raise ModelFileError(f"{where}: the tokenizer is incomplete, metadata field(s) {', '.join(missing)} missing")
+            raise ModelFileError(f"{where}: the tokenizer is incomplete: metadata {', '.join(missing)} missing")
         pre_name = meta.get("tokenizer.ggml.pre", "default")
         pre = _pre_tokenizer(pre_name)
         if pre is None:
@@ -243,8 +254,8 @@ class Tokenizer:
 
         # Every BPE token should be spelled in the byte alphabet. Some converters store a token as raw
         # text instead (with a real space, say); spell those in the alphabet so merges can reach them.
-        alphabet = set(bytes_to_unicode().values())
         spell = bytes_to_unicode()
+        alphabet = set(spell.values())
         respelled = [t if set(t) <= alphabet else "".join(spell[b] for b in t.encode()) for t in tokens]
         vocab = {t: i for i, t in enumerate(respelled)}
         # Merges are stored as "left right"; the byte alphabet has no space, so the split is unambiguous.
@@ -269,8 +280,8 @@ class Tokenizer:
         # Control tokens (and bos/eos/pad) are *special*: matched whole in the input text, so
         # "<|im_start|>" in a prompt becomes id 1 instead of 6 pieces, and droppable on decode.
         # Tokens stored as raw text were respelled above; adding them here would create new ids.
-        special = sorted({i for i, ty in enumerate(types) if ty == CONTROL} | {i for i in (bos, eos, pad) if i is not None})
-        special = [i for i in special if tokens[i] == respelled[i]]
+        special = {i for i, ty in enumerate(types) if ty == CONTROL} | {i for i in (bos, eos, pad) if i is not None}
+        special = sorted(i for i in special if tokens[i] == respelled[i])
         size = backend.get_vocab_size(with_added_tokens=True)
         backend.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in special])
         # User-defined tokens (like "<think>") are matched whole too, but are ordinary text on decode.
@@ -383,7 +394,11 @@ class Tokenizer:
 
     @functools.cached_property
     def missing_bytes(self) -> frozenset[int]:
-        """Byte values with no single-byte token: text containing them loses those bytes when encoded."""
+        """Byte values with no single-byte token: text containing them loses those bytes when encoded.
+
+        Byte-level vocabularies only; empty for others (e.g. SentencePiece ones loaded with from_hf)."""
+        if not isinstance(self.backend.decoder, decoders.ByteLevel):
+            return frozenset()
         return frozenset(b for b, ch in bytes_to_unicode().items() if self.backend.token_to_id(ch) is None)
 
     def id_to_token(self, i: int) -> str | None:
@@ -468,7 +483,9 @@ class Tokenizer:
 
         # The same environment transformers uses, so templates render byte for byte the same: a sandbox
         # (templates come from model files), trim_blocks/lstrip_blocks, and {% break %}/{% continue %}.
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
         env.filters["tojson"] = tojson
         env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now)
         try:
@@ -550,14 +567,17 @@ class StreamDecoder:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self._ids: list[int] = []
-        self._prefix = 0  # window start: a few ids before the printed boundary, for context
-        self._read = 0  # ids[:_read] are printed
+        self._prefix = 0  # both windows start here: the print boundary before last, for context
+        self._read = 0  # the text of ids[:_read] has been returned
 
     def _decode(self, lo: int, hi: int) -> str:
         return self.tokenizer.decode(self._ids[lo:hi], skip_special_tokens=self.skip_special_tokens)
 
     def push(self, token_id: int) -> str:
         """Add one id; return the text it completes (often '', e.g. for the first half of an emoji)."""
+        if not 0 <= int(token_id) < self.tokenizer.vocab_size:  # check before it enters the window
+            last = self.tokenizer.vocab_size - 1
+            raise InvalidRequestError(f"token id {token_id} is outside the vocabulary (0..{last})")
         self._ids.append(int(token_id))
         before = self._decode(self._prefix, self._read)
         now = self._decode(self._prefix, len(self._ids))

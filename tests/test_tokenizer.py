@@ -43,7 +43,8 @@ CORPUS = [
     "Hello, world!",
     "The quick brown fox jumps over the lazy dog.",
     # code, with indentation, a blank line and a tab
-    'def fib(n: int) -> int:\n    """Fibonacci."""\n    if n < 2:\n        return n\n\n    return fib(n - 1) + fib(n - 2)\n',
+    'def fib(n: int) -> int:\n    """Fibonacci."""\n    if n < 2:\n        return n\n\n'
+    "    return fib(n - 1) + fib(n - 2)\n",
     "for (int i = 0; i < 10; ++i) {\n\tprintf(\"%d\\n\", i);\n}",
     '{"key": [1, 2.5, null], "nested": {"a": "b"}}  # json',
     # whitespace runs, tabs, newlines
@@ -188,7 +189,8 @@ def test_bytes_to_unicode_is_a_printable_bijection():
 def test_missing_bytes_are_dropped_like_the_reference(tok, ref):
     # SmolLM2's vocabulary has no token for these bytes (6 control characters, bytes never used in UTF-8,
     # and lead bytes 0xF1/0xF2 of the unassigned planes U+40000..U+BFFFF), so they vanish on encode.
-    assert tok.missing_bytes == frozenset({0x04, 0x06, 0x13, 0x14, 0x16, 0x1D, 0xC0, 0xC1} | set(range(0xF5, 0x100)) | {0xF1, 0xF2})
+    controls, never_in_utf8 = {0x04, 0x06, 0x13, 0x14, 0x16, 0x1D}, {0xC0, 0xC1, *range(0xF5, 0x100)}
+    assert tok.missing_bytes == controls | never_in_utf8 | {0xF1, 0xF2}
     text = "a\x04b\U00050000c"
     assert tok.decode(tok.encode(text)) == "ab\ufffd\ufffd\ufffdc"  # the plane-5 char lost its lead byte
     assert tok.encode(text) == ref.encode(text, add_special_tokens=False)
@@ -300,6 +302,9 @@ def test_stream_decoder_flush_returns_incomplete_tail_and_resets(tok):
     assert dec.push(ids[0]) == ""  # half an emoji: held back
     assert dec.flush() == tok.decode(ids[:1])  # the held bytes, as U+FFFD
     assert "".join(dec.push(i) for i in ids) + dec.flush() == "🎉"  # flush started over
+    with pytest.raises(InvalidRequestError, match="outside"):
+        dec.push(49152)
+    assert "".join(dec.push(i) for i in ids) + dec.flush() == "🎉"  # the bad id did not get in
 
 
 @given(ids=st.lists(st.integers(0, 49151), max_size=40), skip=st.booleans())

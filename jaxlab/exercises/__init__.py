@@ -1,0 +1,62 @@
+"""Automatic checks for the notebooks' exercises.
+
+``check_function(yours, reference, make_inputs)`` runs both functions on random inputs and prints a
+clear PASS, or FAIL with the first mismatch (which trial, which element, what you gave, what was
+expected). One module per notebook (``nb01``, ``nb02``, ...) holds its exercises' references.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+
+def _first_mismatch(got, want, atol, rtol):
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape:
+        return f"shape {got.shape}, expected {want.shape}"
+    if got.dtype.kind in "iub" or want.dtype.kind in "iub":
+        bad = np.argwhere(got != want)
+    else:
+        bad = np.argwhere(~np.isclose(got, want, atol=atol, rtol=rtol, equal_nan=True))
+    if bad.size == 0:
+        return None
+    idx = tuple(int(i) for i in bad[0])
+    return f"at index {idx}: got {got[idx]!r}, expected {want[idx]!r} ({len(bad)} element(s) differ)"
+
+
+def check_function(yours: Callable, reference: Callable, make_inputs: Callable[[np.random.Generator], tuple],
+                   name: str = "", trials: int = 5, atol: float = 1e-5, rtol: float = 1e-5, seed: int = 0,
+                   quiet: bool = False) -> bool:
+    """Compare ``yours(*inputs)`` to ``reference(*inputs)`` on ``trials`` random inputs."""
+    name = name or getattr(reference, "__name__", "exercise")
+    rng = np.random.default_rng(seed)
+    for trial in range(trials):
+        inputs = make_inputs(rng)
+        try:
+            got = yours(*inputs)
+        except NotImplementedError:
+            return _report(False, name, "not implemented yet", quiet)
+        except Exception as e:  # show the reader's error as one line
+            return _report(False, name, f"trial {trial}: raised {type(e).__name__}: {e}", quiet)
+        want = reference(*inputs)
+        got_leaves, want_leaves = _leaves(got), _leaves(want)
+        if len(got_leaves) != len(want_leaves):
+            return _report(False, name, f"trial {trial}: returned {len(got_leaves)} value(s), expected {len(want_leaves)}", quiet)
+        for i, (g, w) in enumerate(zip(got_leaves, want_leaves)):
+            msg = _first_mismatch(g, w, atol, rtol)
+            if msg:
+                where = f" output {i}" if len(want_leaves) > 1 else ""
+                return _report(False, name, f"trial {trial}{where} {msg}", quiet)
+    return _report(True, name, f"{trials} random inputs match the reference", quiet)
+
+
+def _leaves(x: Any) -> list:
+    return list(x) if isinstance(x, (tuple, list)) else [x]
+
+
+def _report(ok: bool, name: str, detail: str, quiet: bool) -> bool:
+    if not quiet:
+        print(f"{'PASS' if ok else 'FAIL'}: {name}: {detail}")
+    return ok
