@@ -23,11 +23,16 @@ $(STAMP): pyproject.toml constraints.txt
 lab: setup
 	$(BIN)/jupyter lab notebooks/
 
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg --nbval-cell-timeout 300
+
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest tests notebooks $(NBVAL)
 
 test-fast: setup
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest tests -m "not reference"
+
+notebooks: setup
+	$(BIN)/python scripts/run_notebooks.py
 
 bench: setup
 	$(BIN)/jaxlab bench

@@ -104,7 +104,8 @@ def _prompt_ids(tok, text, raw, history=None, system=None):
     return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
 
 
-def cmd_generate(args, out=sys.stdout):
+def cmd_generate(args, out=None):
+    out = out or sys.stdout
     sampling = _sampling(args)
     _check_dtype(args.dtype)
     m, gen = _load(args)
@@ -133,7 +134,8 @@ def cmd_generate(args, out=sys.stdout):
     return 0
 
 
-def cmd_chat(args, stdin=sys.stdin, out=sys.stdout):
+def cmd_chat(args, stdin=None, out=None):
+    stdin, out = stdin or sys.stdin, out or sys.stdout
     sampling = _sampling(args)
     _check_dtype(args.dtype)
     m, gen = _load(args)
@@ -202,7 +204,8 @@ def info() -> dict:
     }
 
 
-def cmd_info(args, out=sys.stdout):
+def cmd_info(args, out=None):
+    out = out or sys.stdout
     d = info()
     if args.json:
         out.write(json.dumps(d, indent=2) + "\n")
@@ -221,7 +224,8 @@ def cmd_info(args, out=sys.stdout):
     return 0
 
 
-def cmd_fetch(args, out=sys.stdout):
+def cmd_fetch(args, out=None):
+    out = out or sys.stdout
     from . import assets
     from .loading import load_params
 

@@ -49,6 +49,8 @@ def resolve(model: str | os.PathLike | None) -> tuple[str, Path | str]:
     if p.is_dir():
         return "hf-folder", p
     if p.suffix == ".gguf" or p.exists():
+        if not p.exists():
+            raise ModelFileError(f"model file not found: {p}")
         return "gguf", p
     text = str(model)
     if text.count("/") == 1 and not text.startswith((".", "/", "~")):

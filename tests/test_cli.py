@@ -1,0 +1,143 @@
+"""The `jaxlab` command: answers, JSON output, and one clear stderr line for every bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jaxlab.cli import main
+
+
+def run_cli(*args, **kw):
+    """Run `jaxlab` in a subprocess: (exit code, stdout, stderr)."""
+    env = dict(os.environ, **kw.pop("env", {}))
+    p = subprocess.run([sys.executable, "-m", "jaxlab.cli", *args], capture_output=True, env=env, timeout=300, **kw)
+    return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+
+
+def one_clean_line(err: str):
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{err}"
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def test_generate_paris(gguf_path):
+    code, out, err = run_cli("generate", "What is the capital of France?")
+    assert code == 0, err
+    assert "Paris" in out
+
+
+def test_generate_json_batch(gguf_path, smollm, capsys):
+    assert main(["generate", "--json", "--max-new-tokens", "6", "--ignore-eos", "Hi", "Name a color."]) == 0
+    rows = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
+    assert [r["prompt"] for r in rows] == ["Hi", "Name a color."]
+    for r in rows:
+        for key in ("prompt_ids", "generated_ids", "text", "prefill_seconds", "decode_seconds", "compile_seconds"):
+            assert key in r
+        assert len(r["generated_ids"]) == 6
+        assert r["text"] == smollm.tokenizer.decode(r["generated_ids"])
+        assert r["prompt_ids"] == smollm.tokenizer.apply_chat_template(
+            [{"role": "user", "content": r["prompt"]}], add_generation_prompt=True, tokenize=True)
+
+
+def test_generate_raw_and_stop(gguf_path, capsys):
+    assert main(["generate", "--raw", "--json", "--max-new-tokens", "20", "--stop", ",", "One, two, three,"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["prompt_ids"][0] != 1  # no chat template: no <|im_start|>
+    assert "," not in row["text"]
+
+
+def test_sampling_seeded(gguf_path, capsys):
+    args = ["generate", "--json", "--max-new-tokens", "12", "--temperature", "1.0", "--top-p", "0.9", "--ignore-eos"]
+    texts = []
+    for seed in ("1", "1", "2"):
+        assert main(args + ["--seed", seed, "Tell me a story."]) == 0
+        texts.append(json.loads(capsys.readouterr().out)["generated_ids"])
+    assert texts[0] == texts[1] != texts[2]
+
+
+@pytest.mark.parametrize("args, match", [
+    (["generate", "--max-new-tokens", "-5", "hi"], "max-new-tokens"),
+    (["generate", "--temperature", "-1", "hi"], "temperature"),
+    (["generate", "--top-p", "1.5", "hi"], "top_p"),
+    (["generate", "--top-p", "0", "hi"], "top_p"),
+    (["generate", "--dtype", "float8", "hi"], "dtype"),
+    (["generate", "--max-new-tokens", "ten", "hi"], "invalid int"),
+    (["generate", "--model", "/nonexistent/model.gguf", "hi"], "not found"),
+    (["generate"], "required"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_bad_input_one_line(args, match):
+    code, out, err = run_cli(*args)
+    assert code != 0
+    assert match in one_clean_line(err)
+
+
+@pytest.mark.parametrize("content, match", [
+    (b"", "empty"),
+    (b"hello, I am a text file\n" * 10, "not a GGUF"),
+    (b"GGUF" + os.urandom(64), "corrupt"),
+])
+def test_bad_model_files(tmp_path, content, match):
+    f = tmp_path / "model.gguf"
+    f.write_bytes(content)
+    code, _, err = run_cli("generate", "--model", str(f), "hi")
+    assert code == 1
+    line = one_clean_line(err)
+    assert match in line and str(f) in line
+
+
+def test_truncated_model_file(tmp_path, gguf_path):
+    f = tmp_path / "cut.gguf"
+    f.write_bytes(gguf_path.read_bytes()[: 40_000_000])
+    code, _, err = run_cli("generate", "--model", str(f), "hi")
+    assert code == 1
+    assert "truncated" in one_clean_line(err)
+
+
+def test_prompt_too_long(gguf_path):
+    code, _, err = run_cli("generate", "--raw", "--max-new-tokens", "100", "word " * 9000)
+    assert code == 1
+    line = one_clean_line(err)
+    assert "context is 8192" in line and "shorten the prompt" in line
+
+
+@pytest.mark.parametrize("prompt", ["", "\x00\x07bell\x1b[31m", "tab\tand\nnewline"])
+def test_odd_text_is_handled(prompt, gguf_path, capsys):
+    assert main(["generate", "--json", "--max-new-tokens", "3", "--ignore-eos", prompt]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert len(row["generated_ids"]) == 3
+
+
+def test_empty_raw_prompt_starts_from_bos(gguf_path, capsys):
+    assert main(["generate", "--raw", "--json", "--max-new-tokens", "3", "--ignore-eos", ""]) == 0
+    assert json.loads(capsys.readouterr().out)["prompt_ids"] == [1]
+
+
+def test_invalid_utf8_from_the_shell(gguf_path):
+    p = subprocess.run([sys.executable, "-m", "jaxlab.cli", "generate", "--json", "--max-new-tokens", "3",
+                        "--ignore-eos", b"caf\xe9 \xff".decode("utf-8", "surrogateescape")],
+                       capture_output=True, timeout=300)
+    assert p.returncode == 0, p.stderr.decode()
+    row = json.loads(p.stdout)
+    assert "\ufffd" in row["prompt"]
+
+
+def test_chat_streams_and_keeps_history(gguf_path):
+    p = subprocess.run([sys.executable, "-m", "jaxlab.cli", "chat", "--max-new-tokens", "24"],
+                       input=b"What is the capital of France?\nAnd of Italy?\n/exit\n", capture_output=True, timeout=300)
+    assert p.returncode == 0, p.stderr.decode()
+    out = p.stdout.decode()
+    assert "Paris" in out and "Rome" in out
+
+
+def test_info(capsys):
+    assert main(["info", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["backend"] == "cpu" and d["versions"]["jax"]
+    assert d["matmul_precision"]["float32"] == "highest"
