@@ -127,7 +127,13 @@ class Generator:
     def plan(self, prompt_lens: Sequence[int], max_new_tokens: int) -> tuple[int, int, int]:
         """-> (padded prompt length, prefill chunk length, cache length) for these prompts."""
         longest = max(prompt_lens)
-        if longest + max_new_tokens > self.config.max_seq_len:
+        context = self.config.max_seq_len
+        if longest >= context:
+            raise PromptTooLongError(
+                f"the prompt has {longest} tokens, but the model's context is {context} (prompt plus new "
+                f"tokens): shorten the prompt by at least {longest - context + 1} tokens"
+            )
+        if longest + max_new_tokens > context:
             raise PromptTooLongError(
                 f"the prompt has {longest} tokens and {max_new_tokens} new tokens were asked for: "
                 f"{longest + max_new_tokens} positions, but the model's context is {self.config.max_seq_len}; "
@@ -135,7 +141,10 @@ class Generator:
             )
         chunk = min(bucket(longest, self.prefill_buckets), self.prefill_buckets[-1])
         padded = -(-longest // chunk) * chunk
-        cache_len = bucket(padded + max_new_tokens, self.cache_buckets)
+        needed = padded + max_new_tokens
+        cache_len = bucket(needed, self.cache_buckets)
+        if cache_len > context:  # never allocate more slots than a full context needs (plus padding)
+            cache_len = max(needed, context)
         return padded, chunk, cache_len
 
     def warmup(self, batch_sizes=(1,), prompt_lens=None, max_new_tokens=32, greedy=(True,)) -> float:

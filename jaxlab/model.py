@@ -142,27 +142,37 @@ class Attention(nnx.Module):
         self.policy = policy
 
     def __call__(self, x, positions, cos, sin, key_positions, cache_kv=None, index=None):
-        # x [B, T, D]; positions [B, T]; key_positions [B, S]; cache_kv: ([B, S, KVH, Hd], same) or None
+        # x [B, T, D]; positions [B, T]; key_positions [B, S]; cache_kv: (K [B*KVH, S, Hd], V [B*KVH, Hd, S]) or None
         cfg, pol = self.cfg, self.policy
         b, t, _ = x.shape
         q = _dense(x, self.wq[...], pol).reshape(b, t, cfg.n_kv_heads, cfg.q_per_kv, cfg.head_dim)
         k = _dense(x, self.wk[...], pol).reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
         v = _dense(x, self.wv[...], pol).reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # Cache layouts: K [B*KVH, S, Hd] and V [B*KVH, Hd, S]. Both attention matmuls then contract
+        # over a minor axis and have one batch axis with no size-1 dimension; with [B, S, KVH, Hd]
+        # (or any layout with a size-1 batch axis) XLA copied every layer's whole cache each step.
+        bk = b * cfg.n_kv_heads
+        k = k.transpose(0, 2, 1, 3).reshape(bk, t, cfg.head_dim)  # [B*KVH, T, Hd]
+        v = v.transpose(0, 2, 3, 1).reshape(bk, cfg.head_dim, t)  # [B*KVH, Hd, T]
         if cache_kv is not None:
             ck, cv = cache_kv
-            k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, index, 0, 0))
-            v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, index, 0, 0))
+            k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, index, 0))
+            v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, 0, index))
             new_kv = (k, v)
         else:
             new_kv = None
-        # scores [B, KVH, G, T, S]: each of the G query heads of a group reads the same K/V head
-        scores = jnp.einsum("btkgd,bskd->bkgts", q, k.astype(q.dtype), precision=pol.lax_precision)
-        scores = scores.astype(jnp.float32) * (cfg.head_dim ** -0.5)
+        g_t = cfg.q_per_kv * t
+        q = q.transpose(0, 2, 3, 1, 4).reshape(bk, g_t, cfg.head_dim)  # [B*KVH, G*T, Hd]
+        # each of the G query heads of a group reads the same K/V head
+        scores = jnp.einsum("nqd,nsd->nqs", q, k.astype(q.dtype), precision=pol.lax_precision)
+        s_len = scores.shape[-1]
+        scores = scores.astype(jnp.float32).reshape(b, cfg.n_kv_heads, cfg.q_per_kv, t, s_len) * (cfg.head_dim ** -0.5)
         visible = (key_positions[:, None, :] >= 0) & (key_positions[:, None, :] <= positions[:, :, None])
         scores = jnp.where(visible[:, None, None], scores, MASK_VALUE)  # visible [B, T, S]
-        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        out = jnp.einsum("bkgts,bskd->btkgd", probs, v, precision=pol.lax_precision)
+        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(bk, g_t, s_len)
+        out = jnp.einsum("nqs,nds->nqd", probs, v, precision=pol.lax_precision)  # [B*KVH, G*T, Hd]
+        out = out.reshape(b, cfg.n_kv_heads, cfg.q_per_kv, t, cfg.head_dim).transpose(0, 3, 1, 2, 4)
         out = out.reshape(b, t, cfg.n_heads * cfg.head_dim).astype(x.dtype)
         return _dense(out, self.wo[...], pol), new_kv
 
@@ -239,8 +249,13 @@ class Llama(nnx.Module):
         if last_only:
             x = x[:, -1:]
         x = self.norm(x)
-        head = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
-        logits = _dense(x, head, self.policy).astype(jnp.float32)
+        if cfg.tie_embeddings:
+            # contract over the embedding's own minor axis: writing embed.T here made XLA transpose
+            # (copy) the whole [V, D] matrix on every decode step
+            logits = jnp.einsum("btd,vd->btv", x, self.embed[...].astype(x.dtype), precision=self.policy.lax_precision)
+        else:
+            logits = _dense(x, self.lm_head[...], self.policy)
+        logits = logits.astype(jnp.float32)
         if cache is None:
             return logits, None
         t = tokens.shape[1]

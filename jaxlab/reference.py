@@ -57,22 +57,24 @@ def reference_logits(model, ids: list[int]) -> np.ndarray:
 
 def reference_greedy(model, ids: list[int], n: int = GREEDY_TOKENS) -> list[int]:
     """``transformers.generate`` greedy continuation of ``n`` tokens, EOS ignored."""
-    import copy
-
     import torch
 
-    gc = copy.deepcopy(model.generation_config)
-    gc.eos_token_id = None  # ignore EOS: always n tokens
-    gc.pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else 2
-    gc.do_sample = False
-    gc.max_new_tokens = n
-    gc.min_new_tokens = None
-    gc.temperature = None
-    gc.top_p = None
-    gc.top_k = None
-    with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), generation_config=gc, attention_mask=torch.ones(1, len(ids), dtype=torch.long))
-    return out[0, len(ids):].tolist()
+    # generate() fills unset fields of the generation config it is given from the model's own
+    # defaults, so an eos_token_id of None in a passed config comes back as EOS; switch it off on the
+    # model's config itself for the duration of the call.
+    gc = model.generation_config
+    saved = (gc.eos_token_id, gc.do_sample, gc.temperature, gc.top_p, gc.top_k)
+    try:
+        gc.eos_token_id, gc.do_sample, gc.temperature, gc.top_p, gc.top_k = None, False, None, None, None
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                 max_new_tokens=n, min_new_tokens=None, pad_token_id=2)
+    finally:
+        gc.eos_token_id, gc.do_sample, gc.temperature, gc.top_p, gc.top_k = saved
+    tokens = out[0, len(ids):].tolist()
+    if len(tokens) != n:
+        raise RuntimeError(f"the reference generated {len(tokens)} tokens, expected {n} with EOS ignored")
+    return tokens
 
 
 def chat_ids(tokenizer, prompt: str) -> list[int]:
@@ -93,9 +95,11 @@ def logit_summary(logits_row: np.ndarray, top: int = TOP) -> dict:
     }
 
 
-def make_golden(gguf_path, prompts=GOLDEN_PROMPTS) -> dict:
-    """Golden outputs of the reference for ``prompts``: ids, greedy continuation, logit summaries."""
-    model, tok = load_reference(gguf_path)
+def make_golden(gguf_path, prompts=GOLDEN_PROMPTS, reference=None) -> dict:
+    """Golden outputs of the reference for ``prompts``: ids, greedy continuation, logit summaries.
+
+    ``reference`` is an already loaded ``(model, tokenizer)``; loaded from ``gguf_path`` if None."""
+    model, tok = reference or load_reference(gguf_path)
     rows = []
     for p in prompts:
         ids = chat_ids(tok, p)

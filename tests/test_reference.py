@@ -112,10 +112,10 @@ def test_greedy_and_prompt_ids_match_transformers_generate(smollm, generator, re
     parity(f"greedy {n}-token continuations identical to transformers.generate for {len(GREEDY_PROMPTS)} chat prompts (one batch)")
 
 
-def test_golden_files_are_fresh(gguf_path):
+def test_golden_files_are_fresh(gguf_path, reference):
     """Regenerate the golden data with the reference; the stored file must be identical."""
     stored = ref_lib.load_golden()
-    fresh = ref_lib.make_golden(gguf_path)
+    fresh = ref_lib.make_golden(gguf_path, reference=reference)
     assert stored["model_sha256"] == fresh["model_sha256"]
     for s, f in zip(stored["prompts"], fresh["prompts"]):
         assert s["prompt_ids"] == f["prompt_ids"], s["prompt"]
