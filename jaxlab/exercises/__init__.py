@@ -16,6 +16,9 @@ def _first_mismatch(got, want, atol, rtol):
     got, want = np.asarray(got), np.asarray(want)
     if got.shape != want.shape:
         return f"shape {got.shape}, expected {want.shape}"
+    got, want = np.atleast_1d(got), np.atleast_1d(want)  # argwhere of a 0-d array finds nothing
+    if got.shape != want.shape:
+        return f"shape {got.shape}, expected {want.shape}"
     if got.dtype.kind in "iub" or want.dtype.kind in "iub":
         bad = np.argwhere(got != want)
     else:
