@@ -67,25 +67,28 @@ class GenerationResult:
 # ------------------------------------------------------------------------------------------------
 
 
-def _prefill(params: Params, tokens, positions, cache: KVCache):
-    """Prompt chunk [B, T] -> (last-position logits [B, V], cache)."""
-    logits, cache = forward(params, tokens, positions, cache, last_only=True)
-    return logits[:, 0], cache
-
-
-def _decode_step(params: Params, tokens, positions, cache: KVCache, key, temperature, top_k, top_p, min_p, *, greedy: bool):
-    """One token per row: tokens, positions [B] -> (next tokens [B], their logprobs [B], logits, cache)."""
-    logits, cache = forward(params, tokens[:, None], positions[:, None], cache)
-    logits = logits[:, 0]
-    nxt = sample(logits, key, temperature, top_k, top_p, min_p, greedy=greedy)
-    logp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), nxt[:, None], axis=-1)[:, 0]
-    return nxt, logp, cache
-
-
-def _first_token(logits, key, temperature, top_k, top_p, min_p, *, greedy: bool):
+def _choose(logits, key, temperature, top_k, top_p, min_p, *, greedy: bool):
+    """logits [B, V] -> (next tokens [B], their log-probabilities under the unscaled model [B])."""
     nxt = sample(logits, key, temperature, top_k, top_p, min_p, greedy=greedy)
     logp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), nxt[:, None], axis=-1)[:, 0]
     return nxt, logp
+
+
+def _prefill(params: Params, tokens, positions, cache: KVCache, key, *samp, greedy: bool):
+    """Prompt chunk [B, T] -> (next tokens [B], their logprobs [B], cache).
+
+    Sampling the first new token inside the prefill program means the first token needs one
+    compiled program, not two (time to first token). For all but the last chunk it is ignored."""
+    logits, cache = forward(params, tokens, positions, cache, last_only=True)
+    return (*_choose(logits[:, 0], key, *samp, greedy=greedy), cache)
+
+
+def _decode_step(params: Params, tokens, positions, cache: KVCache, key, *samp, greedy: bool):
+    """One token per row: tokens, positions [B] -> (next tokens [B], their logprobs [B], cache).
+
+    ``samp`` = (temperature, top_k, top_p, min_p) as traced scalars (``SamplingParams.arrays()``)."""
+    logits, cache = forward(params, tokens[:, None], positions[:, None], cache)
+    return (*_choose(logits[:, 0], key, *samp, greedy=greedy), cache)
 
 
 class Generator:
@@ -103,9 +106,8 @@ class Generator:
         self.prefill_buckets = tuple(prefill_buckets)
         self.cache_buckets = tuple(cache_buckets)
         self.cache_dtype = cache_dtype or params.policy.jnp_dtype
-        self._jit_prefill = jax.jit(_prefill, donate_argnums=(3,))
+        self._jit_prefill = jax.jit(_prefill, donate_argnums=(3,), static_argnames=("greedy",))
         self._jit_decode = jax.jit(_decode_step, donate_argnums=(3,), static_argnames=("greedy",))
-        self._jit_first = jax.jit(_first_token, static_argnames=("greedy",))
         self._compiled: dict[tuple, Callable] = {}
         self.compile_seconds_total = 0.0
 
@@ -208,16 +210,14 @@ class Generator:
         compile_s = 0.0
         t0 = time.perf_counter()
         cache = init_cache(cfg, b, cache_len, self.cache_dtype)
-        for c in range(0, padded, chunk):
-            args = (self.params, jnp.asarray(tokens[:, c:c + chunk]), jnp.asarray(positions[:, c:c + chunk]), cache)
-            fn, cs = self._get("prefill", self._jit_prefill, args)
-            compile_s += cs
-            logits, cache = fn(*args)
         samp = sampling.arrays()
         key, sub = jax.random.split(key)
-        fn, cs = self._get("first", self._jit_first, (logits, sub, *samp), {"greedy": sampling.greedy})
-        compile_s += cs
-        nxt, logp = fn(logits, sub, *samp)
+        for c in range(0, padded, chunk):
+            args = (self.params, jnp.asarray(tokens[:, c:c + chunk]), jnp.asarray(positions[:, c:c + chunk]), cache,
+                    sub, *samp)
+            fn, cs = self._get("prefill", self._jit_prefill, args, {"greedy": sampling.greedy})
+            compile_s += cs
+            nxt, logp, cache = fn(*args)
         nxt_host = np.asarray(nxt)
         t_prefill = time.perf_counter() - t0 - compile_s
 

@@ -42,7 +42,8 @@ def check_function(yours: Callable, reference: Callable, make_inputs: Callable[[
         except NotImplementedError:
             return _report(False, name, "not implemented yet", quiet)
         except Exception as e:  # show the reader's error as one line
-            return _report(False, name, f"trial {trial}: raised {type(e).__name__}: {e}", quiet)
+            first_line = (str(e).strip().splitlines() or [""])[0]
+            return _report(False, name, f"trial {trial}: raised {type(e).__name__}: {first_line}", quiet)
         want = reference(*inputs)
         got_leaves, want_leaves = _leaves(got), _leaves(want)
         if len(got_leaves) != len(want_leaves):
