@@ -170,19 +170,6 @@ def param_table(params: Params, gguf_path=None, unit: float = 1e6) -> list[dict]
     return rows
 
 
-def pad_left(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """Left-pad id lists -> (tokens [B, T] int32, positions [B, T] int32 with -1 on padding).
-
-    Every row's last real token lands in the last column, so one decode step extends all rows."""
-    t = max(len(p) for p in prompts)
-    tokens = np.full((len(prompts), t), pad_id, np.int32)
-    positions = np.full((len(prompts), t), -1, np.int32)
-    for i, p in enumerate(prompts):
-        tokens[i, t - len(p):] = p
-        positions[i, t - len(p):] = np.arange(len(p))
-    return tokens, positions
-
-
 # --------------------------------------------------------------------------------------------------
 # RoPE
 # --------------------------------------------------------------------------------------------------

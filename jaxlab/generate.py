@@ -21,7 +21,7 @@ no host round trip per token (no streaming or stop strings, which need the host)
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import jax
@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .errors import InvalidRequestError, PromptTooLongError
-from .kvcache import KVCache, init_cache
+from .kvcache import KVCache, init_cache, left_pad
 from .model import Params, forward
 from .sampling import SamplingParams, sample
 
@@ -201,11 +201,7 @@ class Generator:
         b = len(prompts)
         lens = [len(p) for p in prompts]
         padded, chunk, cache_len = self.plan(lens, _cache_for or max_new_tokens)
-        tokens = np.full((b, padded), cfg.pad_id, np.int32)
-        positions = np.full((b, padded), -1, np.int32)
-        for i, p in enumerate(prompts):
-            tokens[i, padded - len(p):] = p
-            positions[i, padded - len(p):] = np.arange(len(p))
+        tokens, positions = left_pad(prompts, cfg.pad_id, padded)
 
         compile_s = 0.0
         t0 = time.perf_counter()

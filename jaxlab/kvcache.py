@@ -20,9 +20,11 @@ Memory: 2 x layers x B x S x kv_heads x head_dim x itemsize (``LlamaConfig.kv_ca
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .config import LlamaConfig
 
@@ -64,3 +66,19 @@ def rollback(cache: KVCache, index) -> KVCache:
     slots = jnp.arange(cache.length)
     pos = jnp.where(slots[None, :] < index, cache.pos, -1)
     return KVCache(cache.k, cache.v, pos, jnp.asarray(index, jnp.int32))
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Left-pad id lists to one length -> (tokens [B, L], positions [B, L]) int32; padding has position -1.
+
+    Left padding puts every row's last prompt token in the last column, so every row writes its next
+    token into the same cache slot; position -1 tells attention that a slot is padding."""
+    length = max(len(p) for p in prompts) if length is None else length
+    if any(len(p) > length for p in prompts):
+        raise ValueError(f"a prompt is longer than the padded length {length}")
+    tokens = np.full((len(prompts), length), pad_id, np.int32)
+    positions = np.full((len(prompts), length), -1, np.int32)
+    for i, p in enumerate(prompts):
+        tokens[i, length - len(p):] = p
+        positions[i, length - len(p):] = np.arange(len(p))
+    return tokens, positions

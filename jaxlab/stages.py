@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .generate import CACHE_BUCKETS, PREFILL_BUCKETS, bucket, decode_on_device
-from .kvcache import KVCache, init_cache
+from .kvcache import KVCache, init_cache, left_pad
 from .model import Params, forward
 from .profile import CompileCounter
 from .sampling import SamplingParams, filter_logits, sample
@@ -169,22 +169,6 @@ _jit_on_device = jax.jit(decode_on_device, static_argnames=("steps", "sampling")
 # --------------------------------------------------------------------------------------------------
 # Padding
 # --------------------------------------------------------------------------------------------------
-
-
-def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Left-pad id lists to one length -> (tokens [B, L], positions [B, L]) int32; padding has position -1.
-
-    Left padding puts every row's last prompt token in the last column, so every row writes its next
-    token into the same cache slot; position -1 tells attention that a slot is padding."""
-    length = max(len(p) for p in prompts) if length is None else length
-    if any(len(p) > length for p in prompts):
-        raise ValueError(f"a prompt is longer than the padded length {length}")
-    tokens = np.full((len(prompts), length), pad_id, np.int32)
-    positions = np.full((len(prompts), length), -1, np.int32)
-    for i, p in enumerate(prompts):
-        tokens[i, length - len(p):] = p
-        positions[i, length - len(p):] = np.arange(len(p))
-    return tokens, positions
 
 
 def pad_to_bucket(ids: Sequence[int], buckets: Sequence[int], pad_id: int) -> tuple[np.ndarray, np.ndarray]:

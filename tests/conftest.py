@@ -5,13 +5,24 @@ Parity figures recorded with the ``parity`` fixture are printed at the end of th
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pytest
 
 _PARITY: list[str] = []
+SOLUTIONS = Path(__file__).resolve().parent.parent / "notebooks" / "solutions"
+
+
+def load_solution(name: str):
+    """The module notebooks/solutions/<name>.py (the exercises' solutions), imported from its path."""
+    spec = importlib.util.spec_from_file_location(f"solution_{name}", SOLUTIONS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="session")

@@ -6,8 +6,6 @@ Each exercise checker must FAIL on a wrong answer and PASS on the solution in no
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -17,17 +15,12 @@ import pytest
 from jaxlab import anatomy as ji
 from jaxlab.config import tiny
 from jaxlab.exercises import nb03, nb05
-from jaxlab.kvcache import init_cache, rollback
+from jaxlab.kvcache import init_cache, left_pad, rollback
 from jaxlab.model import init_params
+from conftest import load_solution
 
-SOLUTIONS = Path(__file__).resolve().parent.parent / "notebooks" / "solutions"
 
 
-def solution(name: str):
-    spec = importlib.util.spec_from_file_location(f"solution_{name}", SOLUTIONS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +79,8 @@ def test_show_source_cuts_long_sources(capsys):
     assert "more lines" in text.splitlines()[-1] and len(text.splitlines()) == 4
 
 
-def test_pad_left_marks_padding_with_negative_positions():
-    tokens, positions = ji.pad_left([[5, 6, 7], [8]], pad_id=0)
+def test_left_pad_marks_padding_with_negative_positions():
+    tokens, positions = left_pad([[5, 6, 7], [8]], pad_id=0)
     assert tokens.tolist() == [[5, 6, 7], [0, 0, 8]]
     assert positions.tolist() == [[0, 1, 2], [-1, -1, 0]]
 
@@ -252,7 +245,7 @@ def _not_implemented(*args):
 
 
 def test_nb03_checkers_pass_solutions_and_fail_wrong_answers(capsys):
-    sol = solution("03_flax_model")
+    sol = load_solution("03_flax_model")
     assert nb03.check_rmsnorm(sol.my_rmsnorm)
     assert nb03.check_rope(sol.my_apply_rope)
     assert not nb03.check_rmsnorm(lambda x, w, eps: w * x / jnp.sqrt(jnp.mean(x * x, -1, keepdims=True)))  # no eps
@@ -268,7 +261,7 @@ def test_nb03_checkers_pass_solutions_and_fail_wrong_answers(capsys):
 
 
 def test_nb05_checkers_pass_solutions_and_fail_wrong_answers(capsys):
-    sol = solution("05_kv_cache")
+    sol = load_solution("05_kv_cache")
     assert nb05.check_cache_update(sol.my_cache_update)
     assert nb05.check_kv_cache_bytes(sol.my_kv_cache_bytes)
     assert not nb05.check_cache_update(lambda c, n, i, a: jax.lax.dynamic_update_slice(c, n, (0, i, 0, 0)))  # axis 1 always

@@ -8,8 +8,6 @@ PASS on the solutions in notebooks/solutions/02_tokenization.py.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,8 +16,8 @@ from hypothesis import strategies as st
 
 from jaxlab import bpe
 from jaxlab.exercises import nb02
+from conftest import load_solution
 
-ROOT = Path(__file__).resolve().parent.parent
 HYPOTHESIS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 CORPUS = (
@@ -175,11 +173,7 @@ def test_from_gguf_rejects_other_files(tmp_path):
 
 @pytest.fixture(scope="module")
 def solutions():
-    path = ROOT / "notebooks" / "solutions" / "02_tokenization.py"
-    spec = importlib.util.spec_from_file_location("solutions_02", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_solution("02_tokenization")
 
 
 def test_checkers_pass_the_solutions(solutions, capsys):

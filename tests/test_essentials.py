@@ -4,9 +4,7 @@ Every checker must FAIL on a wrong answer and PASS on the solution in notebooks/
 
 from __future__ import annotations
 
-import importlib.util
 import os
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -15,25 +13,20 @@ import pytest
 
 from jaxlab import essentials, forward, init_params, tiny
 from jaxlab.exercises import nb00, nb01
+from conftest import load_solution
 
-SOLUTIONS = Path(__file__).resolve().parent.parent / "notebooks" / "solutions"
 
 
-def _solution(name: str):
-    spec = importlib.util.spec_from_file_location(f"solution_{name}", SOLUTIONS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def sol00():
-    return _solution("00_setup")
+    return load_solution("00_setup")
 
 
 @pytest.fixture(scope="module")
 def sol01():
-    return _solution("01_jax_essentials")
+    return load_solution("01_jax_essentials")
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,6 @@ model against the golden file.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -23,8 +21,8 @@ from jaxlab.kvcache import init_cache
 from jaxlab.model import forward, param_shapes, params_from_flat
 from jaxlab.profile import CompileCounter, Roofline
 from jaxlab.sampling import SamplingParams, filter_logits
+from conftest import load_solution
 
-SOLUTIONS = Path(__file__).resolve().parent.parent / "notebooks" / "solutions"
 
 
 @pytest.fixture(scope="module")
@@ -53,11 +51,6 @@ def uncached_greedy(params, ids, n):
     return seq[0, len(ids):].tolist()
 
 
-def load_solution(name):
-    spec = importlib.util.spec_from_file_location(f"solution_{name}", SOLUTIONS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # ------------------------------------------------------------------------------------ padding
