@@ -62,6 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     f = sub.add_parser("fetch", help="fetch, verify and convert the embedded model (run by make)")
     f.add_argument("--model", default="smollm2-135m")
+
+    b = sub.add_parser("bench", help="measure prefill/decode speed against the roofline and transformers")
+    from . import bench
+
+    bench.add_arguments(b)
     return p
 
 
@@ -237,7 +242,13 @@ def cmd_fetch(args, out=None):
     return 0
 
 
-COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "info": cmd_info, "fetch": cmd_fetch}
+def cmd_bench(args):
+    from . import bench
+
+    return bench.run_from_args(args)
+
+
+COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "info": cmd_info, "fetch": cmd_fetch, "bench": cmd_bench}
 
 
 def main(argv=None) -> int:
