@@ -72,6 +72,8 @@ TARGETS = (
     ("prefill_matmul_pct", "prefill >= 80 % of the matmul ceiling", ">=", 80.0, "%"),
     ("compile_max_s", "<= 3 s compile per jitted function", "<=", 3.0, "s"),
     ("ttft_warm_s", "warm time to first token <= 1 s", "<=", 1.0, "s"),
+    ("speculative_copy_speedup", "speculative (n-gram) on copy-heavy prompts >= 1.3x plain greedy, identical tokens",
+     ">=", 1.3, "x"),
 )
 
 # A fixed English text; prompts are windows of its tokens (different per row, all the same length).
@@ -156,6 +158,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-ttft", action="store_true", help="skip the time-to-first-token child processes")
     parser.add_argument("--stages", action=argparse.BooleanOptionalAction, default=True,
                         help="measure the decode stages: eager, jit without cache, jit + cache, on device, bfloat16")
+    parser.add_argument("--speculative", action=argparse.BooleanOptionalAction, default=True,
+                        help="measure speculative decoding (n-gram and draft model) against plain greedy by task type")
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes for a smoke test: batch 1,2, 8 new tokens, prompt 16, 1 rep, small ceilings")
     parser.add_argument("--targets", action="store_true", help="print the issue's targets as PASS/MISS lines")
@@ -186,6 +190,7 @@ def resolve_options(args: argparse.Namespace) -> dict:
         peer=not getattr(args, "no_peer", False),
         ttft=not getattr(args, "no_ttft", False),
         stages=bool(getattr(args, "stages", True)),
+        speculative=bool(getattr(args, "speculative", True)),
         targets=bool(getattr(args, "targets", False)),
         json=getattr(args, "json", None),
         plot=getattr(args, "plot", None),
@@ -802,6 +807,17 @@ def run_bench(opts: dict, log=None) -> dict:
         s["vs_peer"] = ratio(s["tokens_per_s"]["median"], peer_b1["peer_tokens_per_s"]["median"]) if peer_b1 else None
     res["stages"] = stages
 
+    # ---- speculative decoding by task type (batch 1, greedy, identical tokens checked) -------------
+    res["speculative"] = []
+    if opts["speculative"]:
+        from . import speculative as spec
+
+        log("speculative decoding: n-gram and draft model, copy-heavy vs open-ended prompts")
+        quick = opts["quick"]
+        res["speculative"] = spec.measure(params, tok, spec.TASK_TYPES, k=4, max_new_tokens=16 if quick else 32,
+                                          methods=("ngram",) if quick else ("ngram", "draft"),
+                                          repeats=1 if quick else 2, generator=gen)
+
     # ---- ceilings again (the best the machine showed during the run is the ceiling) ----------------
     log("ceilings again, at the end")
     bws.append(profile.measure_bandwidth(opts["bandwidth_mib"] << 20, repeats=ceil_reps))
@@ -1045,7 +1061,16 @@ def headline_metrics(res: dict) -> dict:
         "prefill_matmul_pct": pre.get("matmul_ceiling_pct"),
         "compile_max_s": max(gen_compiles) if gen_compiles else None,
         "ttft_warm_s": ttft["warm"]["median"] if ttft else None,
+        "speculative_copy_speedup": _copy_heavy_speedup(res.get("speculative") or []),
     }
+
+
+def _copy_heavy_speedup(rows: list[dict]) -> float | None:
+    """Speed-up of n-gram drafting on the copy-heavy prompts; 0 when its tokens were not identical."""
+    row = next((r for r in rows if r["task"] == "copy-heavy" and r["method"] == "ngram"), None)
+    if row is None:
+        return None
+    return row["speed-up"] if row["identical"] == "yes" else 0.0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1130,6 +1155,13 @@ def render(res: dict) -> str:
                          fmt_ratio(s["vs_peer"]), s["tokens_match"]])
         parts.append(_table(rows, ["stage", "tokens timed", "tok/s", "compile s", "vs transformers b1",
                                    "tokens = jit + cache"], "Stages: decode at batch 1"))
+
+    if res.get("speculative"):
+        rows = [[r["task"], r["method"], str(r["k"]), _num(r["acceptance"]), _num(r["tokens/call"]),
+                 fmt_ratio(r["speed-up"]), r["identical"]] for r in res["speculative"]]
+        parts.append(_table(rows, ["task", "method", "k", "acceptance", "tokens/call", "vs plain greedy",
+                                   "tokens identical"],
+                            "Speculative decoding: batch 1, greedy, EOS ignored, against plain greedy in the same run"))
 
     if res.get("ttft"):
         t = res["ttft"]

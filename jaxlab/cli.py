@@ -54,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "XLA_FLAGS=--xla_force_host_platform_device_count=N first)")
     g.add_argument("--strategy", default="auto",
                    help="with --mesh: auto, data, tensor, data+tensor, shard_map or pmap")
+    g.add_argument("--speculative", choices=("ngram", "draft"), default=None,
+                   help="speculative decoding: n-gram prompt lookup or a draft model of the first layers")
+    g.add_argument("--draft-k", type=int, default=4, metavar="K", help="draft tokens verified per call (default 4)")
+    g.add_argument("--draft-layers", type=int, default=8, metavar="L", help="layers of the draft model (default 8)")
     model_opts(g)
     sampling_opts(g)
 
@@ -127,8 +131,12 @@ def cmd_generate(args, out=None):
         out.write(piece)
         out.flush()
 
+    if args.mesh and args.speculative:
+        raise InvalidRequestError("--mesh and --speculative cannot be combined")
     if args.mesh:
         results = _generate_on_mesh(args, m, ids)
+    elif args.speculative:
+        results = _generate_speculative(args, m, ids, sampling)
     else:
         results = gen.generate(ids, args.max_new_tokens, sampling, seed=args.seed, ignore_eos=args.ignore_eos,
                                stop=args.stop, on_text=on_text if streaming else None)
@@ -171,6 +179,23 @@ def _generate_on_mesh(args, m, ids):
         results.append(GenerationResult(prompt_ids=prompt_ids, generated_ids=new, text=text, finish_reason=finish,
                                         decode_seconds=seconds))
     return results
+
+
+def _generate_speculative(args, m, ids, sampling):
+    """Speculative decoding (jaxlab.speculative): same tokens as plain greedy, fewer model calls."""
+    from .generate import GenerationResult
+    from .speculative import speculative_generate
+
+    if args.stop:
+        raise InvalidRequestError("--stop is not supported with --speculative")
+    if args.draft_k < 1:
+        raise InvalidRequestError(f"--draft-k must be >= 1, got {args.draft_k}")
+    rows = speculative_generate(m.params, ids, args.max_new_tokens, method=args.speculative, k=args.draft_k,
+                                draft_layers=args.draft_layers, tokenizer=m.tokenizer, ignore_eos=args.ignore_eos,
+                                sampling=None if sampling.greedy else sampling, seed=args.seed)
+    return [GenerationResult(prompt_ids=p, generated_ids=list(r.generated_ids), text=r.text,
+                             finish_reason=r.finish_reason, prefill_seconds=r.prefill_seconds,
+                             decode_seconds=r.decode_seconds) for p, r in zip(ids, rows)]
 
 
 def _is_greedy(args) -> bool:

@@ -72,11 +72,13 @@ def test_evaluate_targets_on_hand_made_numbers():
         "prefill_matmul_pct": 80.0,
         "compile_max_s": 3.5,
         "ttft_warm_s": 0.4,
+        "speculative_copy_speedup": 0.0,  # tokens not identical -> 0 -> MISS
     }
     got = {t["key"]: t["status"] for t in bench.evaluate_targets(metrics)}
     assert got == {
         "decode_b1_vs_peer": "PASS", "decode_b1_bw_pct": "MISS", "decode_b32_vs_peer": "n/a",
         "prefill_vs_peer": "PASS", "prefill_matmul_pct": "PASS", "compile_max_s": "MISS", "ttft_warm_s": "PASS",
+        "speculative_copy_speedup": "MISS",
     }
     assert all(t["status"] == "n/a" for t in bench.evaluate_targets({}))
     assert bench.evaluate_targets({"ttft_warm_s": float("nan")})[-1]["status"] == "n/a"
@@ -85,6 +87,15 @@ def test_evaluate_targets_on_hand_made_numbers():
     assert lines[0].startswith("PASS") and "1.40x" in lines[0]
     assert lines[1].startswith("MISS") and "84.9 %" in lines[1]
     assert lines[2].startswith("n/a") and "not measured" in lines[2]
+
+
+def test_copy_heavy_speedup_counts_only_identical_tokens():
+    rows = [{"task": "copy-heavy", "method": "ngram", "speed-up": 1.9, "identical": "yes"},
+            {"task": "open-ended", "method": "ngram", "speed-up": 1.0, "identical": "yes"}]
+    assert bench._copy_heavy_speedup(rows) == 1.9
+    rows[0]["identical"] = "no"
+    assert bench._copy_heavy_speedup(rows) == 0.0
+    assert bench._copy_heavy_speedup([]) is None
 
 
 def test_headline_metrics_pick_the_right_numbers():
@@ -96,10 +107,12 @@ def test_headline_metrics_pick_the_right_numbers():
                     {"function": "decode", "seconds": 9.0, "dtype": "bfloat16"},  # a stage, not a target
                     {"function": "on-device loop", "seconds": 8.0, "dtype": "float32"}],
         "ttft": {"warm": {"median": 0.7}},
+        "speculative": [{"task": "copy-heavy", "method": "ngram", "speed-up": 1.5, "identical": "yes"}],
     }
     m = bench.headline_metrics(res)
     assert m == {"decode_b1_vs_peer": 2.0, "decode_b1_bw_pct": 70.0, "decode_b32_vs_peer": 1.1,
-                 "prefill_vs_peer": 0.9, "prefill_matmul_pct": 40.0, "compile_max_s": 2.5, "ttft_warm_s": 0.7}
+                 "prefill_vs_peer": 0.9, "prefill_matmul_pct": 40.0, "compile_max_s": 2.5, "ttft_warm_s": 0.7,
+                 "speculative_copy_speedup": 1.5}
     assert bench.headline_metrics({"decode": [], "compile": [], "ttft": None})["ttft_warm_s"] is None
 
 
@@ -169,6 +182,10 @@ def test_bench_quick_end_to_end(tmp_path, capsys, monkeypatch, request, gguf_pat
     assert {"prefill", "decode"} <= {c["function"] for c in res["compile"]}
     assert res["meta"]["threads"]["torch_threads"] >= 1
     assert res["ttft"] is None
+    spec_rows = {(r["task"], r["method"]) for r in res["speculative"]}
+    assert ("copy-heavy", "ngram") in spec_rows and ("open-ended", "ngram") in spec_rows
+    assert all(r["identical"] == "yes" for r in res["speculative"])
+    assert "Speculative decoding" in text
 
     # the greedy-equality check ran against the peer, for every batch size
     assert res["peer"]["enabled"]

@@ -165,3 +165,18 @@ def test_mesh_is_greedy_only():
     code, _, err = run_cli("generate", "--mesh", "data=1,model=1", "--temperature", "0.7", "hi")
     assert code == 1
     assert "greedily" in one_clean_line(err)
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_speculative_gives_plain_greedy_tokens(gguf_path, capsys, method):
+    prompt = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox"
+    base = ["generate", "--json", "--max-new-tokens", "16", "--ignore-eos", prompt]
+    assert main(base) == 0
+    plain = json.loads(capsys.readouterr().out)["generated_ids"]
+    assert main(base + ["--speculative", method, "--draft-k", "3"]) == 0
+    assert json.loads(capsys.readouterr().out)["generated_ids"] == plain
+
+
+def test_speculative_rejects_stop_strings():
+    code, _, err = run_cli("generate", "--speculative", "ngram", "--stop", "x", "hi")
+    assert code == 1 and "--stop" in one_clean_line(err)
