@@ -80,7 +80,8 @@ def test_jupyterlab_serves_every_notebook(tmp_path):
     env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"), JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"))
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ServerApp.ip=127.0.0.1",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={NOTEBOOKS}", "--ServerApp.open_browser=False"],
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={NOTEBOOKS}", "--ServerApp.open_browser=False"]
+        + (["--allow-root"] if os.geteuid() == 0 else []),  # CI runs as root; Jupyter refuses root without it
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
     try:
         url = f"http://127.0.0.1:{port}/api/contents?token={token}"
@@ -99,5 +100,6 @@ def test_jupyterlab_serves_every_notebook(tmp_path):
         lab = urllib.request.urlopen(f"http://127.0.0.1:{port}/lab?token={token}", timeout=10)
         assert lab.status == 200
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=20)
