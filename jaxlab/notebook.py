@@ -7,16 +7,7 @@ nbval's comparison. Numbers that vary from machine to machine go in cells tagged
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Iterable, Sequence
-
-COLAB_REPO = "https://github.com/jaxlab/jaxlab"
-
-
-def in_colab() -> bool:
-    return "google.colab" in sys.modules
-
 
 def setup(compile_cache: bool = True, quiet: bool = False) -> dict:
     """Turn on the persistent compilation cache and quiet matplotlib; print one line about the setup."""
@@ -89,10 +80,3 @@ def check(name: str, ok: bool, detail: str = "") -> bool:
     """Print a pass/fail line for a correctness check (no raw floats in ``detail``)."""
     print(f"{'PASS' if ok else 'FAIL'}: {name}" + (f" ({detail})" if detail else ""))
     return ok
-
-
-def env_flag_devices(n: int) -> str:
-    """The XLA flag that makes the CPU look like ``n`` devices (set it before importing jax)."""
-    flag = f"--xla_force_host_platform_device_count={n}"
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
-    return flag
