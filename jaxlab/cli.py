@@ -134,7 +134,7 @@ def cmd_generate(args, out=None):
     if args.mesh and args.speculative:
         raise InvalidRequestError("--mesh and --speculative cannot be combined")
     if args.mesh:
-        results = _generate_on_mesh(args, m, ids)
+        results = _generate_on_mesh(args, m, ids, sampling)
     elif args.speculative:
         results = _generate_speculative(args, m, ids, sampling)
     else:
@@ -155,16 +155,18 @@ def cmd_generate(args, out=None):
     return 0
 
 
-def _generate_on_mesh(args, m, ids):
+def _generate_on_mesh(args, m, ids, sampling):
     """Greedy generation sharded over a device mesh (jaxlab.sharding); results shaped like Generator's."""
     from .generate import GenerationResult, _find_stop
+    from .sampling import SamplingParams
     from .sharding import make_mesh, shard
 
-    if not _is_greedy(args):
+    if sampling != SamplingParams():
         raise InvalidRequestError("--mesh generates greedily: drop --temperature/--top-k/--top-p/--min-p")
     mesh = make_mesh(args.mesh)
     t0 = time.perf_counter()
-    rows = shard(m.params, mesh, args.strategy).generate(ids, args.max_new_tokens, ignore_eos=args.ignore_eos)
+    # EOS is cut here, once, so that the finish reason is known
+    rows = shard(m.params, mesh, args.strategy).generate(ids, args.max_new_tokens, ignore_eos=True)
     seconds = time.perf_counter() - t0
     results = []
     for prompt_ids, new in zip(ids, rows):
@@ -196,10 +198,6 @@ def _generate_speculative(args, m, ids, sampling):
     return [GenerationResult(prompt_ids=p, generated_ids=list(r.generated_ids), text=r.text,
                              finish_reason=r.finish_reason, prefill_seconds=r.prefill_seconds,
                              decode_seconds=r.decode_seconds) for p, r in zip(ids, rows)]
-
-
-def _is_greedy(args) -> bool:
-    return not args.temperature and not args.top_k and args.top_p == 1.0 and not args.min_p
 
 
 def cmd_chat(args, stdin=None, out=None):

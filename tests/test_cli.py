@@ -180,3 +180,16 @@ def test_speculative_gives_plain_greedy_tokens(gguf_path, capsys, method):
 def test_speculative_rejects_stop_strings():
     code, _, err = run_cli("generate", "--speculative", "ngram", "--stop", "x", "hi")
     assert code == 1 and "--stop" in one_clean_line(err)
+
+
+def test_mesh_reports_eos_like_the_generator(gguf_path):
+    """On a mesh, a reply that ends in EOS is cut before it and reported as finish_reason "eos"."""
+    args = ["generate", "--json", "--max-new-tokens", "32", "What is the capital of France?"]
+    code, out, err = run_cli(*args)
+    assert code == 0, err
+    single = json.loads(out)
+    assert single["finish_reason"] == "eos"
+    code, out, err = run_cli(*args, "--mesh", "data=1,model=1")
+    assert code == 0, err
+    sharded = json.loads(out)
+    assert (sharded["generated_ids"], sharded["finish_reason"]) == (single["generated_ids"], "eos")
