@@ -115,7 +115,8 @@ class Generator:
 
     def _get(self, name: str, jitted, args, static: dict | None = None):
         """The compiled program for these argument shapes; compiles (and times it) on first use."""
-        sig = (name, tuple((a.shape, str(a.dtype)) for a in jax.tree.leaves(args)), tuple(sorted((static or {}).items())))
+        leaves, treedef = jax.tree.flatten(args)  # the tree structure tells int8 from w8a8 parameters
+        sig = (name, treedef, tuple((a.shape, str(a.dtype)) for a in leaves), tuple(sorted((static or {}).items())))
         fn = self._compiled.get(sig)
         compile_s = 0.0
         if fn is None:

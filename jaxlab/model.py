@@ -28,7 +28,8 @@ from flax import nnx
 
 from .config import DTYPES, LlamaConfig
 from .errors import ConfigError
-from .kvcache import KVCache
+from .kvcache import KVCache, quantize_kv
+from .quant import QuantizedMatrix, join_split, split_activations
 
 Array = jax.Array
 MASK_VALUE = -1e30  # finite, so a query with no visible key (padding) gives a uniform row, not NaN
@@ -86,8 +87,10 @@ def default_policy(dtype: str = "float32", backend: str | None = None) -> Policy
 # --------------------------------------------------------------------------------------------------
 
 
-def _dense(x: Array, kernel: Array, policy: Policy) -> Array:
+def _dense(x: Array, kernel: Array | QuantizedMatrix, policy: Policy) -> Array:
     # [..., I] x [I, O] -> [..., O]
+    if isinstance(kernel, QuantizedMatrix):  # the quantization hook (jaxlab.quant): int8/int4/w8a8 kernels
+        return kernel.dot(x).astype(x.dtype)
     return jnp.einsum("...i,io->...o", x, kernel.astype(x.dtype), precision=policy.lax_precision)
 
 
@@ -127,6 +130,16 @@ def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
     return (x32 * cos + rotated.astype(jnp.float32) * sin).astype(x.dtype)
 
 
+def _int8_bmm(x: Array, m8: Array, axis: int) -> Array:
+    """Batched ``x [N, R, K] . m8 [N, *, K]`` contracting ``K`` (axis ``axis`` of ``m8``) -> [N, R, M]
+    float32, for the int8 KV cache: ``x`` is written as two int8 rows (``quant.split_activations``,
+    ~15 bits) and the product runs as an int8 x int8 -> int32 matmul, which XLA:CPU runs ~2.4x faster
+    than the float32 one at batch 32 (benchmarks/NOTES.md §6). Scales of ``m8`` are applied by the caller."""
+    rows, s = split_activations(x.astype(jnp.float32))
+    acc = jax.lax.dot_general(rows, m8, (((2,), (axis,)), ((0,), (0,))), preferred_element_type=jnp.int32)
+    return join_split(acc.astype(jnp.float32), x.shape[1]) * s
+
+
 class Attention(nnx.Module):
     """Grouped-query self-attention with an optional KV cache."""
 
@@ -142,12 +155,13 @@ class Attention(nnx.Module):
         self.policy = policy
 
     def __call__(self, x, positions, cos, sin, key_positions, cache_kv=None, index=None):
-        # x [B, T, D]; positions [B, T]; key_positions [B, S]; cache_kv: (K [B*KVH, S, Hd], V [B*KVH, Hd, S]) or None
+        # x [B, T, D]; positions [B, T]; key_positions [B, S]; cache_kv: (K [B*KVH, S, Hd], V [B*KVH, Hd, S]),
+        # plus (K scales, V scales) [B*KVH, S] for the int8 cache, or None
         cfg, pol = self.cfg, self.policy
         b, t, _ = x.shape
-        q = _dense(x, self.wq[...], pol).reshape(b, t, cfg.n_kv_heads, cfg.q_per_kv, cfg.head_dim)
-        k = _dense(x, self.wk[...], pol).reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
-        v = _dense(x, self.wv[...], pol).reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
+        q = _dense(x, self.wq.get_value(), pol).reshape(b, t, cfg.n_kv_heads, cfg.q_per_kv, cfg.head_dim)
+        k = _dense(x, self.wk.get_value(), pol).reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
+        v = _dense(x, self.wv.get_value(), pol).reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # Cache layouts: K [B*KVH, S, Hd] and V [B*KVH, Hd, S]. Both attention matmuls then contract
         # over a minor axis and have one batch axis with no size-1 dimension; with [B, S, KVH, Hd]
@@ -155,7 +169,17 @@ class Attention(nnx.Module):
         bk = b * cfg.n_kv_heads
         k = k.transpose(0, 2, 1, 3).reshape(bk, t, cfg.head_dim)  # [B*KVH, T, Hd]
         v = v.transpose(0, 2, 3, 1).reshape(bk, cfg.head_dim, t)  # [B*KVH, Hd, T]
-        if cache_kv is not None:
+        k_scale = v_scale = None
+        if cache_kv is not None and len(cache_kv) == 4:
+            # int8 cache: each new key/value vector stored as int8 with its own scale (kvcache.quantize_kv)
+            ck, cv, cks, cvs = cache_kv
+            (kq, ks), (vq, vs) = quantize_kv(k, axis=2), quantize_kv(v, axis=1)
+            k = jax.lax.dynamic_update_slice(ck, kq, (0, index, 0))
+            v = jax.lax.dynamic_update_slice(cv, vq, (0, 0, index))
+            k_scale = jax.lax.dynamic_update_slice(cks, ks, (0, index))  # [B*KVH, S]
+            v_scale = jax.lax.dynamic_update_slice(cvs, vs, (0, index))
+            new_kv = (k, v, k_scale, v_scale)
+        elif cache_kv is not None:
             ck, cv = cache_kv
             k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, index, 0))
             v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, 0, index))
@@ -165,16 +189,22 @@ class Attention(nnx.Module):
         g_t = cfg.q_per_kv * t
         q = q.transpose(0, 2, 3, 1, 4).reshape(bk, g_t, cfg.head_dim)  # [B*KVH, G*T, Hd]
         # each of the G query heads of a group reads the same K/V head
-        scores = jnp.einsum("nqd,nsd->nqs", q, k.astype(q.dtype), precision=pol.lax_precision)
+        if k_scale is not None:
+            scores = _int8_bmm(q, k, 2) * k_scale[:, None, :]
+        else:
+            scores = jnp.einsum("nqd,nsd->nqs", q, k.astype(q.dtype), precision=pol.lax_precision)
         s_len = scores.shape[-1]
         scores = scores.astype(jnp.float32).reshape(b, cfg.n_kv_heads, cfg.q_per_kv, t, s_len) * (cfg.head_dim ** -0.5)
         visible = (key_positions[:, None, :] >= 0) & (key_positions[:, None, :] <= positions[:, :, None])
         scores = jnp.where(visible[:, None, None], scores, MASK_VALUE)  # visible [B, T, S]
-        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(bk, g_t, s_len)
-        out = jnp.einsum("nqs,nds->nqd", probs, v, precision=pol.lax_precision)  # [B*KVH, G*T, Hd]
+        probs = jax.nn.softmax(scores, axis=-1).reshape(bk, g_t, s_len)
+        if v_scale is not None:  # fold each value vector's scale into its attention weight
+            out = _int8_bmm(probs * v_scale[:, None, :], v, 2)  # [B*KVH, G*T, Hd]
+        else:
+            out = jnp.einsum("nqs,nds->nqd", probs.astype(v.dtype), v, precision=pol.lax_precision)
         out = out.reshape(b, cfg.n_kv_heads, cfg.q_per_kv, t, cfg.head_dim).transpose(0, 3, 1, 2, 4)
         out = out.reshape(b, t, cfg.n_heads * cfg.head_dim).astype(x.dtype)
-        return _dense(out, self.wo[...], pol), new_kv
+        return _dense(out, self.wo.get_value(), pol), new_kv
 
 
 class MLP(nnx.Module):
@@ -190,9 +220,9 @@ class MLP(nnx.Module):
 
     def __call__(self, x: Array) -> Array:  # [B, T, D] -> [B, T, D]
         pol = self.policy
-        gate = _dense(x, self.w_gate[...], pol)
-        up = _dense(x, self.w_up[...], pol)
-        return _dense(jax.nn.silu(gate) * up, self.w_down[...], pol)
+        gate = _dense(x, self.w_gate.get_value(), pol)
+        up = _dense(x, self.w_up.get_value(), pol)
+        return _dense(jax.nn.silu(gate) * up, self.w_down.get_value(), pol)
 
 
 class Block(nnx.Module):
@@ -232,34 +262,44 @@ class Llama(nnx.Module):
         the last position is every row's last real token)."""
         cfg = self.cfg
         dt = self.policy.jnp_dtype
-        x = jnp.take(self.embed[...], tokens, axis=0).astype(dt)  # [B, T, D]
+        embed = self.embed.get_value()
+        if isinstance(embed, QuantizedMatrix):
+            x = embed.rows(tokens).astype(dt)  # [B, T, D]
+        else:
+            x = jnp.take(embed, tokens, axis=0).astype(dt)  # [B, T, D]
         cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
         if cache is not None:
             key_positions = jax.lax.dynamic_update_slice(cache.pos, positions.astype(cache.pos.dtype), (0, cache.index))
         else:
             key_positions = positions
-        new_k, new_v = [], []
+        new_kv = []
         for i, layer in enumerate(self.layers):
             with jax.named_scope(f"layer{i}"):
-                kv = (cache.k[i], cache.v[i]) if cache is not None else None
+                kv = None
+                if cache is not None:
+                    kv = (cache.k[i], cache.v[i]) + ((cache.k_scale[i], cache.v_scale[i]) if cache.k_scale else ())
                 x, kv = layer(x, positions, cos, sin, key_positions, kv, None if cache is None else cache.index)
             if kv is not None:
-                new_k.append(kv[0])
-                new_v.append(kv[1])
+                new_kv.append(kv)
         if last_only:
             x = x[:, -1:]
         x = self.norm(x)
         if cfg.tie_embeddings:
             # contract over the embedding's own minor axis: writing embed.T here made XLA transpose
             # (copy) the whole [V, D] matrix on every decode step
-            logits = jnp.einsum("btd,vd->btv", x, self.embed[...].astype(x.dtype), precision=self.policy.lax_precision)
+            if isinstance(embed, QuantizedMatrix):
+                logits = embed.dot(x)
+            else:
+                logits = jnp.einsum("btd,vd->btv", x, embed.astype(x.dtype), precision=self.policy.lax_precision)
         else:
-            logits = _dense(x, self.lm_head[...], self.policy)
+            logits = _dense(x, self.lm_head.get_value(), self.policy)
         logits = logits.astype(jnp.float32)
         if cache is None:
             return logits, None
         t = tokens.shape[1]
-        new_cache = KVCache(k=tuple(new_k), v=tuple(new_v), pos=key_positions, index=cache.index + t)
+        parts = list(zip(*new_kv))  # k, v (, k_scale, v_scale) per layer
+        scales = dict(k_scale=tuple(parts[2]), v_scale=tuple(parts[3])) if len(parts) == 4 else {}
+        new_cache = KVCache(k=tuple(parts[0]), v=tuple(parts[1]), pos=key_positions, index=cache.index + t, **scales)
         return logits, new_cache
 
 
@@ -300,11 +340,19 @@ class Params:
         return {_path_name(path): var.get_value() for path, var in nnx.to_flat_state(self.state)}
 
     def nbytes(self) -> int:
-        return sum(a.size * a.dtype.itemsize for a in self.flat().values())
+        return sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(self.state))
+
+    @property
+    def quant(self) -> str | None:
+        """The quantization format of the matrices (``jaxlab.quant``), or None for float parameters."""
+        from .quant import params_format
+
+        return params_format(self)
 
     def __repr__(self):
         cfg = self.config
-        return f"Params({cfg.name}, {cfg.n_params() / 1e6:.1f}M, dtype={self.policy.dtype})"
+        q = f", quant={self.quant}" if self.quant else ""
+        return f"Params({cfg.name}, {cfg.n_params() / 1e6:.1f}M, dtype={self.policy.dtype}{q})"
 
 
 def _path_name(path) -> str:
