@@ -89,7 +89,7 @@ def default_policy(dtype: str = "float32", backend: str | None = None) -> Policy
 
 def _dense(x: Array, kernel: Array | QuantizedMatrix, policy: Policy) -> Array:
     # [..., I] x [I, O] -> [..., O]
-    if isinstance(kernel, QuantizedMatrix):  # the quantization hook (jaxlab.quant): int8/int4/w8a8 kernels
+    if not isinstance(kernel, jax.Array):  # the quantization hook: a jaxlab.quant.QuantizedMatrix
         return kernel.dot(x).astype(x.dtype)
     return jnp.einsum("...i,io->...o", x, kernel.astype(x.dtype), precision=policy.lax_precision)
 
@@ -263,7 +263,7 @@ class Llama(nnx.Module):
         cfg = self.cfg
         dt = self.policy.jnp_dtype
         embed = self.embed.get_value()
-        if isinstance(embed, QuantizedMatrix):
+        if not isinstance(embed, jax.Array):  # quantized (jaxlab.quant)
             x = embed.rows(tokens).astype(dt)  # [B, T, D]
         else:
             x = jnp.take(embed, tokens, axis=0).astype(dt)  # [B, T, D]
@@ -287,7 +287,7 @@ class Llama(nnx.Module):
         if cfg.tie_embeddings:
             # contract over the embedding's own minor axis: writing embed.T here made XLA transpose
             # (copy) the whole [V, D] matrix on every decode step
-            if isinstance(embed, QuantizedMatrix):
+            if not isinstance(embed, jax.Array):
                 logits = embed.dot(x)
             else:
                 logits = jnp.einsum("btd,vd->btv", x, embed.astype(x.dtype), precision=self.policy.lax_precision)

@@ -40,6 +40,7 @@ On TPU/GPU the trade-offs differ (the bench reports whatever the backend does).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -82,6 +83,7 @@ class QuantizedMatrix:
     zero: Array | None
     fmt: str = field(metadata=dict(static=True))
     group: int = field(default=0, metadata=dict(static=True))
+    smooth: Array | None = None  # w8a8 with calibration: per-input-channel factors (SmoothQuant)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -106,6 +108,8 @@ class QuantizedMatrix:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
         if self.fmt == "w8a8":
+            if self.smooth is not None:  # x W^T = (x / s)(W s)^T: move activation outliers into W
+                x2 = x2 / self.smooth
             y = _w8a8_dot(x2, self.q, self.scale)
         elif self.fmt == "int8":
             y = _int8_dot(x2, self.q, self.scale)
@@ -119,7 +123,8 @@ class QuantizedMatrix:
         """``W[ids]`` as float32: ``ids [...] -> [..., in]``."""
         q, scale = jnp.take(self.q, ids, axis=0), jnp.take(self.scale, ids, axis=0)
         if self.fmt != "int4":
-            return q.astype(jnp.float32) * scale[..., None]
+            w = q.astype(jnp.float32) * scale[..., None]
+            return w if self.smooth is None else w / self.smooth
         zero = jnp.take(self.zero, ids, axis=0)
         w = (_unpack(q) - 8).astype(jnp.float32)  # [..., in]
         w = w.reshape(*w.shape[:-1], -1, self.group) * scale[..., None] + zero[..., None]
@@ -232,6 +237,84 @@ def quantize_matrix(w: np.ndarray, fmt: str, group: int = DEFAULT_GROUP, name: s
     return QuantizedMatrix(jnp.asarray(packed), jnp.asarray(d), jnp.asarray(zero), "int4", int(group))
 
 
+class _Probe:
+    """Calibration stand-in for a float matrix ``W [out, in]``: computes ``x W^T`` and records the
+    largest ``|x|`` seen on each input channel. Eager only (see :func:`activation_stats`)."""
+
+    def __init__(self, w_oi: Array, name: str, stats: dict):
+        self.w, self.name, self.stats = w_oi, name, stats
+
+    def dot(self, x: Array) -> Array:
+        a = np.abs(np.asarray(x, np.float32)).reshape(-1, x.shape[-1]).max(0)
+        prev = self.stats.get(self.name)
+        self.stats[self.name] = a if prev is None else np.maximum(prev, a)
+        return jnp.einsum("...i,oi->...o", x, self.w, precision=jax.lax.Precision.HIGHEST)
+
+    def rows(self, ids: Array) -> Array:
+        return jnp.take(self.w, ids, axis=0)
+
+
+def activation_stats(params, tokens, positions) -> dict[str, np.ndarray]:
+    """``{matrix name: max |input| per input channel}`` over a calibration batch (one eager forward).
+
+    The embedding's entry is the input of the tied output head (the final norm's output)."""
+    from flax import nnx
+
+    from .model import Params, _path_name, forward
+
+    names = set(quantized_names(params))
+    stats: dict[str, np.ndarray] = {}
+    out = []
+    for path, var in nnx.to_flat_state(params.state):
+        name, value = _path_name(path), var.get_value()
+        if name in names:
+            value = _Probe(value if name == "embed" else value.T, name, stats)
+        out.append((path, var.replace(value)))
+    with jax.disable_jit():
+        forward(Params(params.graphdef, nnx.from_flat_state(out)), jnp.asarray(tokens), jnp.asarray(positions))
+    return stats
+
+
+def smoothing_factors(act_max: np.ndarray, w_oi: np.ndarray, alpha: float) -> np.ndarray:
+    """SmoothQuant's per-input-channel factors ``s_j = max|X_j|^alpha / max|W_j|^(1 - alpha)``:
+    ``x W^T = (x / s)(W s)^T`` exactly, and with ``alpha`` ~ 0.5 the outlier channels of ``x`` are
+    shared with ``W``, so one int8 scale per token no longer has to span them."""
+    w_max = np.abs(w_oi).max(axis=0)
+    s = np.power(np.maximum(act_max, 1e-5), alpha) / np.power(np.maximum(w_max, 1e-5), 1 - alpha)
+    return np.clip(s, 1e-4, 1e4).astype(np.float32)
+
+
+SMOOTH_ALPHA = 0.5  # SmoothQuant's default; the lowest KL of 0.3 / 0.4 / 0.5 / 0.55 / 0.7 (NOTES.md §7)
+CALIBRATION_WINDOW = 256
+
+
+def calibration_text() -> str:
+    """The text W8A8's activation statistics are fitted on (``jaxlab/data/calibration.txt``): prose,
+    a chat exchange, code, numbers; written for jaxlab and distinct from the evaluation text."""
+    from importlib.resources import files
+
+    return files("jaxlab").joinpath("data/calibration.txt").read_text(encoding="utf-8")
+
+
+def calibration_stats(params, tokenizer, text: str | None = None, window: int = CALIBRATION_WINDOW) -> dict:
+    """:func:`activation_stats` over ``text`` (default :func:`calibration_text`) cut into windows."""
+    ids = tokenizer.encode(text if text is not None else calibration_text())
+    n = max(1, len(ids) // window)
+    if len(ids) < window:
+        window = len(ids)
+    tokens = np.array([ids[i * window:(i + 1) * window] for i in range(n)], np.int32)
+    positions = np.broadcast_to(np.arange(window, dtype=np.int32), tokens.shape)
+    return activation_stats(params, tokens, positions)
+
+
+def quantize_model(params, tokenizer, fmt: str, group: int = DEFAULT_GROUP, *, progress: bool | None = None):
+    """What ``jaxlab.load(quant=...)`` and the CLI use: :func:`quantize_params`, with W8A8 calibrated
+    on :func:`calibration_text` and smoothed (SmoothQuant, ``alpha`` = :data:`SMOOTH_ALPHA`)."""
+    check_format(fmt, group)
+    stats = calibration_stats(params, tokenizer) if fmt == "w8a8" else None
+    return quantize_params(params, fmt, group, calibration=stats, alpha=SMOOTH_ALPHA, progress=progress)
+
+
 def quantized_names(params) -> list[str]:
     """Canonical names of the matrices :func:`quantize_params` quantizes: every linear kernel and the
     embedding (norm weights stay float32)."""
@@ -245,7 +328,7 @@ def embedding_format(fmt: str) -> str:
 
 
 def quantize_params(params, fmt: str, group: int = DEFAULT_GROUP, *, embed: str | None = None,
-                    progress: bool | None = None):
+                    calibration: dict | None = None, alpha: float = 0.5, progress: bool | None = None):
     """Float :class:`~jaxlab.model.Params` -> the same model with quantized matrices (same graph,
     so ``forward`` and ``Generator`` take them unchanged). ``embed``: the embedding's format
     (default :func:`embedding_format`; "float32" keeps it float)."""
@@ -271,10 +354,16 @@ def quantize_params(params, fmt: str, group: int = DEFAULT_GROUP, *, embed: str 
     for path, var in items:
         name = _path_name(path)
         value = var.get_value()
-        if name == "embed" and embed != "float32":
-            value = quantize_matrix(np.asarray(value), embed, group, name)
-        elif name in names and name != "embed":
-            value = quantize_matrix(np.asarray(value).T, fmt, group, name)
+        mfmt = embed if name == "embed" else fmt
+        if name in names and mfmt != "float32":
+            w = np.asarray(value) if name == "embed" else np.asarray(value).T
+            smooth = None
+            if mfmt == "w8a8" and calibration is not None:
+                smooth = smoothing_factors(calibration[name], w, alpha)
+                w = w * smooth
+            value = quantize_matrix(w, mfmt, group, name)
+            if smooth is not None:
+                value = dataclasses.replace(value, smooth=jnp.asarray(smooth))
         if name in names:
             bar.update(1)
         out.append((path, var.replace(value)))
