@@ -13,6 +13,7 @@ import sys
 import time
 
 from .errors import InvalidRequestError, JaxlabError
+from .quant import DEFAULT_GROUP, FORMATS, KV_FORMATS
 
 EXIT_USER_ERROR = 1
 EXIT_USAGE = 2
@@ -34,6 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--model", default=None,
                         help="embedded name (smollm2-135m, default), a .gguf file, a HF checkpoint folder or hub id")
         sp.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
+        sp.add_argument("--quant", choices=FORMATS, default=None,
+                        help="quantize the weights (quantized once, then cached): int8 or int4 weight-only, "
+                             "or w8a8 (int8 weights and activations)")
+        sp.add_argument("--group-size", type=int, default=None, metavar="N",
+                        help=f"with --quant int4: inputs per scale and offset (default {DEFAULT_GROUP})")
+        sp.add_argument("--kv-cache", choices=KV_FORMATS, default=None,
+                        help="KV cache format: float32 or int8 (default: the --dtype)")
 
     def sampling_opts(sp):
         sp.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
@@ -94,14 +102,43 @@ def _check_dtype(dtype):
         raise InvalidRequestError(f"unknown --dtype {dtype!r}; choose one of {', '.join(sorted(DTYPES))}")
 
 
+def _check_quant(args):
+    """Quantization and KV cache flags that cannot work (together): one line saying what to drop."""
+    if args.group_size is not None and args.quant != "int4":
+        raise InvalidRequestError(f"--group-size applies to --quant int4 only; drop --group-size "
+                                  f"(got --quant {args.quant or '(none)'})")
+    if args.quant and args.dtype != "float32":
+        raise InvalidRequestError(f"--quant {args.quant} computes in float32; drop --dtype {args.dtype}")
+    kv = args.kv_cache if args.kv_cache not in (None, args.dtype) else None  # a cache unlike the parameters
+    if getattr(args, "mesh", None) and (args.quant or kv):
+        drop = [f for f, on in (("--quant", args.quant), (f"--kv-cache {kv}", kv)) if on]
+        raise InvalidRequestError(f"--mesh shards float parameters with a KV cache of their dtype; drop {' and '.join(drop)}")
+    if getattr(args, "speculative", None) and kv == "int8":
+        # measured: the verify pass computes k+1 keys/values at once, and rounding them to int8 turns its
+        # float round-off into different cache entries, so near-ties go the other way than in plain greedy
+        raise InvalidRequestError("--speculative gives plain greedy's tokens only with a float KV cache; "
+                                  "drop --kv-cache int8")
+    if getattr(args, "speculative", None) and kv:
+        raise InvalidRequestError(f"--speculative keeps its KV cache in the --dtype ({args.dtype}); drop --kv-cache {kv}")
+
+
+def _cache_dtype(args):
+    """The KV cache's dtype: --kv-cache, else the parameters' dtype."""
+    import jax.numpy as jnp
+
+    return jnp.dtype(args.kv_cache or args.dtype)
+
+
 def _load(args):
     from . import compile_cache
     from .generate import Generator
     from .loading import load
 
     compile_cache.enable()
-    m = load(args.model, dtype=args.dtype)
-    return m, Generator(m.params, m.tokenizer)
+    group = DEFAULT_GROUP if args.group_size is None else args.group_size
+    # progress bars (conversion, quantization) only where someone watches
+    m = load(args.model, dtype=args.dtype, quant=args.quant, group_size=group, progress=sys.stderr.isatty())
+    return m, Generator(m.params, m.tokenizer, cache_dtype=_cache_dtype(args))
 
 
 def _prompt_ids(tok, text, raw, history=None, system=None):
@@ -122,6 +159,9 @@ def cmd_generate(args, out=None):
     out = out or sys.stdout
     sampling = _sampling(args)
     _check_dtype(args.dtype)
+    _check_quant(args)
+    if args.mesh and args.speculative:
+        raise InvalidRequestError("--mesh and --speculative cannot be combined")
     m, gen = _load(args)
     tok = m.tokenizer
     ids = [_prompt_ids(tok, p, args.raw) for p in args.prompts]
@@ -131,8 +171,6 @@ def cmd_generate(args, out=None):
         out.write(piece)
         out.flush()
 
-    if args.mesh and args.speculative:
-        raise InvalidRequestError("--mesh and --speculative cannot be combined")
     if args.mesh:
         results = _generate_on_mesh(args, m, ids, sampling)
     elif args.speculative:
@@ -147,6 +185,7 @@ def cmd_generate(args, out=None):
                 "prompt_ids": r.prompt_ids, "generated_ids": r.generated_ids, "text": r.text,
                 "finish_reason": r.finish_reason, "prefill_seconds": round(r.prefill_seconds, 6),
                 "decode_seconds": round(r.decode_seconds, 6), "compile_seconds": round(r.compile_seconds, 6),
+                "quant": m.params.quant, "kv_cache": _cache_dtype(args).name,
             }, ensure_ascii=False) + "\n")
         elif streaming:
             out.write("\n")
@@ -204,6 +243,7 @@ def cmd_chat(args, stdin=None, out=None):
     stdin, out = stdin or sys.stdin, out or sys.stdout
     sampling = _sampling(args)
     _check_dtype(args.dtype)
+    _check_quant(args)
     m, gen = _load(args)
     tok = m.tokenizer
     history = []
@@ -269,6 +309,8 @@ def info() -> dict:
         "compilation_cache_dir": str(compile_cache.default_dir()),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "mesh": describe_mesh(),
+        "quant_formats": list(FORMATS),
+        "kv_cache_formats": list(KV_FORMATS),
     }
 
 
@@ -288,6 +330,8 @@ def cmd_info(args, out=None):
     out.write(f"  cache folder  {d['cache_dir']}\n")
     out.write(f"  compile cache {d['compilation_cache_dir']}\n")
     out.write(f"  mesh          {d['mesh']}\n")
+    out.write(f"  quantization  --quant {', '.join(d['quant_formats'])} (int4: --group-size); "
+              f"--kv-cache {', '.join(d['kv_cache_formats'])}\n")
     if d["xla_flags"]:
         out.write(f"  XLA_FLAGS     {d['xla_flags']}\n")
     return 0

@@ -9,6 +9,10 @@
 
 GGUF weights are dequantized once and cached as a float32 safetensors file (see
 :mod:`jaxlab.weights.store`), so later loads take well under 2 s.
+
+``quant="int8" | "int4" | "w8a8"`` (:mod:`jaxlab.quant`) quantizes the float32 parameters once and
+caches the result beside the float file (GGUF files and local folders; a hub id is quantized on every
+load), so a later load reads the quantized file without touching the float weights.
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import assets
-from .errors import ModelFileError
+from . import assets, quant as quantization
+from .errors import ConfigError, ModelFileError
 from .model import Params, default_policy, params_from_flat
 from .weights import store
 
@@ -61,10 +65,34 @@ def resolve(model: str | os.PathLike | None) -> tuple[str, Path | str]:
     )
 
 
-def load_params(model=None, dtype: str = "float32", progress: bool | None = None, use_cache: bool = True):
-    """-> (Params, kind, location). Converted GGUF parameters are cached in the cache folder."""
-    kind, loc = resolve(model)
-    policy = default_policy(dtype)
+def check_quant(quant: str | None, group_size: int = quantization.DEFAULT_GROUP, dtype: str = "float32") -> None:
+    """Raise :class:`ConfigError` for a quantization request that cannot run."""
+    quantization.check_format(quant, group_size)
+    if quant is not None and dtype != "float32":
+        raise ConfigError(f"quantization ({quant}) starts from float32 parameters and computes in float32; "
+                          f"load with dtype='float32' (drop dtype={dtype!r})")
+
+
+def quant_cache_key(quant: str, group_size: int = quantization.DEFAULT_GROUP) -> str:
+    """The ``extra`` part of a quantized parameter file's cache key: the group size counts for int4 only
+    (int8 and w8a8 are per channel), so int8 files never differ by group."""
+    group = f"-g{group_size}" if quant == "int4" else ""
+    if quant == "w8a8":  # calibrated: a changed calibration text or alpha must not serve stale factors
+        import hashlib
+
+        text = hashlib.sha256(quantization.calibration_text().encode()).hexdigest()[:12]
+        group = f"-a{quantization.SMOOTH_ALPHA}-c{text}"
+    return f"quant-{quant}{group}-v{quantization.STORE_VERSION}"
+
+
+def _folder_identity(folder: Path) -> str:
+    """The files a checkpoint folder is read from, with sizes and times: a folder's own mtime does not
+    change when a file in it is rewritten in place."""
+    files = sorted(folder.glob("*.safetensors")) + [folder / "config.json"]
+    return "|".join(f"{f.name}:{st.st_size}:{st.st_mtime_ns}" for f in files if f.exists() for st in [f.stat()])
+
+
+def _float_params(kind, loc, policy, progress, use_cache):
     if kind == "gguf":
         from .weights.gguf import load_gguf
 
@@ -82,7 +110,34 @@ def load_params(model=None, dtype: str = "float32", progress: bool | None = None
         from .weights.hf import load_hf
 
         cfg, flat = load_hf(loc, progress=progress)
-    return params_from_flat(cfg, flat, policy, source=str(loc)), kind, loc
+    return params_from_flat(cfg, flat, policy, source=str(loc))
+
+
+def load_params(model=None, dtype: str = "float32", progress: bool | None = None, use_cache: bool = True,
+                quant: str | None = None, group_size: int = quantization.DEFAULT_GROUP):
+    """-> (Params, kind, location). Converted GGUF parameters are cached in the cache folder, and so are
+    quantized ones (``quant``: one of :data:`jaxlab.quant.FORMATS`; ``group_size``: int4 only)."""
+    check_quant(quant, group_size, dtype)
+    kind, loc = resolve(model)
+    policy = default_policy(dtype)
+    qfile = None
+    if quant is not None and use_cache and kind != "hub":
+        extra = quant_cache_key(quant, group_size)
+        if kind == "hf-folder":
+            extra += "|" + _folder_identity(Path(loc))
+        qfile = store.params_file(assets.cache_dir(), Path(loc), extra=extra)
+        if qfile.exists():
+            return quantization.load(qfile, policy), kind, loc
+    params = _float_params(kind, loc, policy, progress, use_cache)
+    if quant is not None:
+        tokenizer = load_tokenizer(kind, loc) if quant == "w8a8" else None  # w8a8 is calibrated on a text
+        params = quantization.quantize_model(params, tokenizer, quant, group_size, progress=progress)
+        if qfile is not None:
+            try:
+                quantization.save(qfile, params)
+            except OSError:
+                pass  # read-only cache: still usable, just slower next time
+    return params, kind, loc
 
 
 def load_tokenizer(kind: str, loc):
@@ -97,8 +152,10 @@ def load_tokenizer(kind: str, loc):
     return Tokenizer.from_hf(loc)
 
 
-def load(model: str | os.PathLike | None = None, dtype: str = "float32", progress: bool | None = None) -> Model:
-    """Load a model and its tokenizer (see the module docstring for what ``model`` may be)."""
-    params, kind, loc = load_params(model, dtype=dtype, progress=progress)
+def load(model: str | os.PathLike | None = None, dtype: str = "float32", progress: bool | None = None,
+         quant: str | None = None, group_size: int = quantization.DEFAULT_GROUP) -> Model:
+    """Load a model and its tokenizer (see the module docstring for what ``model`` may be);
+    ``quant`` ("int8", "int4", "w8a8") gives quantized parameters, cached after the first load."""
+    params, kind, loc = load_params(model, dtype=dtype, progress=progress, quant=quant, group_size=group_size)
     return Model(params=params, tokenizer=load_tokenizer(kind, loc), source=str(model or assets.DEFAULT_MODEL),
                  path=Path(loc) if kind != "hub" else None)

@@ -56,7 +56,7 @@ Array = jax.Array
 FORMATS = ("int8", "int4", "w8a8")
 KV_FORMATS = ("float32", "int8")
 DEFAULT_GROUP = 32
-STORE_VERSION = 1  # bump when the on-disk layout of quantized parameters changes
+STORE_VERSION = 2  # bump when the on-disk layout of quantized parameters changes
 KERNELS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "lm_head")  # [in, out] float kernels
 _SPLIT = 254.0  # int8 weight-only: x ~ s * (hi + lo / _SPLIT)
 
@@ -391,7 +391,8 @@ def _progress(total: int, desc: str, progress: bool | None):
 
 
 def save(path: Path, params) -> None:
-    """Write quantized parameters: each matrix as ``<name>.q``, ``<name>.scale`` (, ``<name>.zero``)."""
+    """Write quantized parameters: each matrix as ``<name>.q``, ``<name>.scale`` (, ``<name>.zero``,
+    ``<name>.smooth``)."""
     from dataclasses import asdict
 
     from safetensors.numpy import save_file
@@ -404,6 +405,8 @@ def save(path: Path, params) -> None:
             arrays[f"{name}.scale"] = np.asarray(value.scale)
             if value.zero is not None:
                 arrays[f"{name}.zero"] = np.asarray(value.zero)
+            if value.smooth is not None:
+                arrays[f"{name}.smooth"] = np.asarray(value.smooth)
             groups[name] = [value.fmt, value.group]
         else:
             arrays[name] = np.asarray(value)
@@ -440,29 +443,17 @@ def load(path: Path, policy=None):
     for p, var in nnx.to_flat_state(state):
         name = _path_name(p)
         if name in groups:
-            zero = arrays.get(f"{name}.zero")
+            zero, smooth = arrays.get(f"{name}.zero"), arrays.get(f"{name}.smooth")
             mfmt, group = groups[name]
             value = QuantizedMatrix(jnp.asarray(arrays[f"{name}.q"]), jnp.asarray(arrays[f"{name}.scale"]),
-                                    None if zero is None else jnp.asarray(zero), mfmt, int(group))
+                                    None if zero is None else jnp.asarray(zero), mfmt, int(group),
+                                    None if smooth is None else jnp.asarray(smooth))
         elif name in arrays:
             value = jnp.asarray(arrays[name])
         else:
             raise ModelFileError(f"quantized parameter file {path} lacks {name}; delete it to rebuild")
         out.append((p, var.replace(value)))
     return Params(graphdef, nnx.from_flat_state(out))
-
-
-def load_or_quantize(params, fmt: str, group: int, cache_file: Path | None, progress: bool | None = None):
-    """Quantized parameters from ``cache_file`` if present, else quantize ``params`` and write it."""
-    if cache_file is not None and Path(cache_file).exists():
-        return load(cache_file, params.policy)
-    q = quantize_params(params, fmt, group, progress=progress)
-    if cache_file is not None:
-        try:
-            save(cache_file, q)
-        except OSError:
-            pass  # read-only cache: still usable, just slower next time
-    return q
 
 
 # --------------------------------------------------------------------------------------------------

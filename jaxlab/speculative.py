@@ -56,11 +56,12 @@ from typing import Mapping, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from .errors import InvalidRequestError
 from .generate import CACHE_BUCKETS, PREFILL_BUCKETS, Generator
 from .kvcache import KVCache, init_cache, left_pad, rollback
-from .model import Params, Policy, cast_params, forward, params_from_flat, rope_cos_sin
+from .model import Llama, Params, Policy, _path_name, cast_params, forward, rope_cos_sin
 from .profile import CompileCounter
 from .sampling import SamplingParams, filter_logits, sample
 
@@ -155,18 +156,26 @@ _DRAFT_CACHE: "weakref.WeakKeyDictionary[Params, dict]" = weakref.WeakKeyDiction
 def draft_params(params: Params, layers: int | None = None, dtype: str | None = None) -> Params:
     """A draft model made from the target's own weights, no training: its first ``layers`` blocks
     (with the final norm and the output embedding), optionally cast to ``dtype`` ("bfloat16": a
-    lower-precision copy). ``layers=None`` keeps every layer. Cached per (params, layers, dtype)."""
+    lower-precision copy of float parameters). ``layers=None`` keeps every layer. Quantized parameters
+    (:mod:`jaxlab.quant`) give a draft with the same quantized matrices. Cached per (params, layers, dtype)."""
     cfg = params.config
     layers = cfg.n_layers if layers is None else int(layers)
     if not 1 <= layers <= cfg.n_layers:
         raise InvalidRequestError(f"draft layers must be in [1, {cfg.n_layers}], got {layers}")
+    policy = params.policy
+    if dtype is not None and dtype != policy.dtype and params.quant is not None:
+        raise InvalidRequestError(f"a {dtype} draft is a cast of float parameters; these are quantized "
+                                  f"({params.quant}): drop the draft dtype")
     per = _DRAFT_CACHE.setdefault(params, {})
     key = (layers, dtype)
     if key not in per:
-        flat = {n: a for n, a in params.flat().items()
-                if not n.startswith("layers.") or int(n.split(".")[1]) < layers}
-        policy = params.policy
-        small = params_from_flat(cfg.replace(n_layers=layers, name=f"{cfg.name}-first{layers}"), flat, policy)
+        flat = params.flat()
+        # the smaller model's tree, filled by name: its names are a subset of the target's, and the arrays
+        # (float kernels or the int arrays of QuantizedMatrix leaves) are shared with the target, not copied
+        graphdef, state = nnx.split(nnx.eval_shape(
+            lambda: Llama(cfg.replace(n_layers=layers, name=f"{cfg.name}-first{layers}"), policy, rngs=nnx.Rngs(0))))
+        small = Params(graphdef, nnx.from_flat_state([(p, v.replace(flat[_path_name(p)]))
+                                                      for p, v in nnx.to_flat_state(state)]))
         if dtype is not None and dtype != policy.dtype:
             small = cast_params(small, Policy(dtype, "default" if dtype != "float32" else "highest"))
         per[key] = small

@@ -193,3 +193,116 @@ def test_mesh_reports_eos_like_the_generator(gguf_path):
     assert code == 0, err
     sharded = json.loads(out)
     assert (sharded["generated_ids"], sharded["finish_reason"]) == (single["generated_ids"], "eos")
+
+
+# --------------------------------------------------------------------------------------------------
+# Quantization: --quant, --group-size, --kv-cache
+# --------------------------------------------------------------------------------------------------
+
+FRANCE = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def quant_cache_dir(tmp_path_factory, gguf_path):
+    """A cache folder for the quantized parameter files these tests write (the user's stays untouched);
+    the embedded model's float parameters are converted into it once."""
+    from jaxlab import loading
+
+    path = tmp_path_factory.mktemp("cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("JAXLAB_CACHE", str(path))
+        loading.load_params()
+    return path
+
+
+@pytest.fixture
+def quant_env(quant_cache_dir, monkeypatch):
+    """The environment of a quantized run, set for this process too (for `main`)."""
+    from jaxlab import compile_cache
+
+    env = {"JAXLAB_CACHE": str(quant_cache_dir),
+           "JAXLAB_COMPILE_CACHE": str(compile_cache.default_dir())}  # compiled programs: the usual folder
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return env
+
+
+def generate_json(capsys, *args):
+    assert main(["generate", "--json", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_generate_quant_int8_says_paris(quant_env):
+    code, out, err = run_cli("generate", "--quant", "int8", "--max-new-tokens", "16", FRANCE, env=quant_env)
+    assert code == 0, err
+    assert "Paris" in out
+
+
+def test_quant_json_fields_and_answers(quant_env, capsys):
+    plain = generate_json(capsys, "--max-new-tokens", "16", FRANCE)
+    assert (plain["quant"], plain["kv_cache"]) == (None, "float32")
+    int8 = generate_json(capsys, "--quant", "int8", "--max-new-tokens", "16", FRANCE)
+    assert (int8["quant"], int8["kv_cache"]) == ("int8", "float32")
+    assert int8["generated_ids"] == plain["generated_ids"]  # weight-only int8 keeps this answer token for token
+    int4 = generate_json(capsys, "--quant", "int4", "--group-size", "32", "--max-new-tokens", "16", FRANCE)
+    assert (int4["quant"], int4["kv_cache"]) == ("int4", "float32")
+    assert "Paris" in int4["text"]
+    # w8a8 on this model does not keep the answer: only that it runs, with its fields
+    w8a8 = generate_json(capsys, "--quant", "w8a8", "--max-new-tokens", "4", "--ignore-eos", FRANCE)
+    assert w8a8["quant"] == "w8a8" and len(w8a8["generated_ids"]) == 4
+
+
+@pytest.mark.parametrize("quant", [[], ["--quant", "int8"]])
+def test_kv_cache_int8(quant_env, capsys, quant):
+    row = generate_json(capsys, *quant, "--kv-cache", "int8", "--max-new-tokens", "16", FRANCE)
+    assert row["kv_cache"] == "int8" and row["quant"] == (quant[1] if quant else None)
+    assert "Paris" in row["text"]
+
+
+def test_speculative_draft_on_quantized_weights(quant_env, capsys):
+    """The draft model is the first layers of the quantized model; the tokens are still plain greedy's."""
+    prompt = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox"
+    base = ["--quant", "int8", "--max-new-tokens", "16", "--ignore-eos", prompt]
+    plain = generate_json(capsys, *base)
+    spec = generate_json(capsys, *base, "--speculative", "draft", "--draft-k", "3")
+    assert spec["generated_ids"] == plain["generated_ids"] and spec["quant"] == "int8"
+
+
+def run_main(capsys, args):
+    """`main` in this process: (exit code, stderr)."""
+    try:
+        code = main(args)
+    except SystemExit as e:  # argparse
+        code = e.code
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, code, match", [
+    (["generate", "--quant", "int8", "--dtype", "bfloat16", "hi"], 1, "--quant int8 computes in float32; drop --dtype bfloat16"),
+    (["chat", "--quant", "int4", "--dtype", "bfloat16"], 1, "drop --dtype bfloat16"),
+    (["generate", "--quant", "int8", "--mesh", "data=1,model=1", "hi"], 1, "--mesh shards float parameters with a KV cache of their dtype; drop --quant"),
+    (["generate", "--kv-cache", "int8", "--mesh", "data=1,model=1", "hi"], 1, "drop --kv-cache int8"),
+    (["generate", "--quant", "w8a8", "--kv-cache", "int8", "--mesh", "data=1,model=1", "hi"], 1, "drop --quant and --kv-cache int8"),
+    (["generate", "--kv-cache", "int8", "--speculative", "ngram", "hi"], 1, "only with a float KV cache; drop --kv-cache int8"),
+    (["generate", "--dtype", "bfloat16", "--kv-cache", "float32", "--speculative", "ngram", "hi"], 1, "drop --kv-cache float32"),
+    (["generate", "--quant", "int8", "--group-size", "64", "hi"], 1, "--group-size applies to --quant int4 only; drop --group-size"),
+    (["chat", "--group-size", "64"], 1, "drop --group-size"),
+    (["generate", "--quant", "int4", "--group-size", "7", "hi"], 1, "int4 group size must be an even integer >= 2, got 7"),
+    (["generate", "--quant", "int3", "hi"], 2, "argument --quant: invalid choice: 'int3'"),
+    (["generate", "--kv-cache", "int4", "hi"], 2, "argument --kv-cache: invalid choice: 'int4'"),
+])
+def test_quant_flags_that_cannot_work(quant_env, capsys, args, code, match):
+    got, err = run_main(capsys, args)
+    assert got == code
+    assert match in one_clean_line(err)
+
+
+def test_int4_group_size_must_divide_the_model(quant_env, capsys):
+    code, err = run_main(capsys, ["generate", "--quant", "int4", "--group-size", "128", "hi"])
+    assert code == 1
+    assert "not a multiple of the int4 group size 128" in one_clean_line(err)
+
+
+def test_info_lists_the_formats(capsys):
+    assert main(["info"]) == 0
+    assert "--quant int8, int4, w8a8" in capsys.readouterr().out

@@ -94,6 +94,26 @@ def test_draft_params_is_the_first_layers(tiny_params):
         spec.draft_params(tiny_params, 4)
 
 
+def test_draft_of_quantized_params(tiny_params):
+    """Quantized weights (jaxlab.quant): the draft reuses the same quantized matrices; its tokens are
+    still exactly plain greedy's with those weights."""
+    from jaxlab.quant import QuantizedMatrix, quantize_params
+
+    q = quantize_params(tiny_params, "int8")
+    small = spec.draft_params(q, 1)
+    flat, big = small.flat(), q.flat()
+    assert small.config.n_layers == 1 and small.quant == "int8"
+    assert set(flat) == {n for n in big if not n.startswith(("layers.1.", "layers.2."))}
+    wq = flat["layers.0.attn.wq"]
+    assert isinstance(wq, QuantizedMatrix) and wq.q is big["layers.0.attn.wq"].q  # shared, not copied
+    with pytest.raises(Exception, match="quantized"):
+        spec.draft_params(q, 1, dtype="bfloat16")
+    plain = Generator(q)
+    dec = spec.SpeculativeDecoder(q, method="draft", k=K, draft_layers=1)
+    for p in mixed_prompts(4, seed=2):
+        assert dec.generate([p], 24)[0].generated_ids == plain.generate([p], 24, ignore_eos=True)[0].generated_ids
+
+
 # --------------------------------------------------------------------------------------------------
 # Greedy: exactly plain greedy's tokens
 # --------------------------------------------------------------------------------------------------
