@@ -10,6 +10,12 @@ is a *ratio* of two things measured side by side in the same process, minutes ap
   on the same GGUF weights, the same prompts and batch sizes, greedy, EOS ignored; its greedy tokens are
   compared with ours row by row.
 
+Quantization (``jaxlab.quant``): the decode step of each weight format x KV-cache format against float32,
+all measured side by side in one process (:func:`measure_quant`), with where each format starts to pay
+(:func:`crossover`); ``--quality`` adds :func:`jaxlab.quality.quality_report` (perplexity, KL, greedy
+agreement, memory), and ``--targets`` says whether the format that meets a speed target also meets the
+quality targets. ``--quant-only`` measures only these.
+
 Method: every timed quantity is measured ``--reps`` times after a warm-up (compiled programs, touched
 memory) and reported as the median with the min-max spread; every JAX timing ends with a host transfer
 or ``block_until_ready``. Time to first token runs in fresh child processes with an empty (cold) and
@@ -50,6 +56,8 @@ DEFAULTS = {
     "eager_steps": 8,
     "nocache_steps": 8,
     "bf16_steps": 16,
+    "quant_batch_sizes": (1, 8, 32),
+    "quant_steps": 16,
 }
 QUICK = {
     "batch_sizes": (1, 2),
@@ -61,7 +69,11 @@ QUICK = {
     "eager_steps": 2,
     "nocache_steps": 2,
     "bf16_steps": 3,
+    "quant_batch_sizes": (1, 2),
+    "quant_steps": 3,
 }
+QUANT_FORMATS = ("int8", "int4", "w8a8")  # jaxlab.quant.FORMATS (not imported here: stdlib only at import)
+KV_FORMATS = ("float32", "int8")  # jaxlab.quant.KV_FORMATS
 
 #: The issue's targets: (key in the metrics dict, description, comparison, threshold, unit).
 TARGETS = (
@@ -74,7 +86,11 @@ TARGETS = (
     ("ttft_warm_s", "warm time to first token <= 1 s", "<=", 1.0, "s"),
     ("speculative_copy_speedup", "speculative (n-gram) on copy-heavy prompts >= 1.3x plain greedy, identical tokens",
      ">=", 1.3, "x"),
+    ("quant_b32_best", "quantized decode batch 32 >= 2x float32 (best format)", ">=", 2.0, "x"),
+    ("quant_b1_best", "quantized decode batch 1 >= 1.3x float32 (best format)", ">=", 1.3, "x"),
 )
+#: Speed targets whose format must also meet the quality targets: (batch, key of the speed target).
+QUALITY_LINKED = ((32, "quant_b32_best"), (1, "quant_b1_best"))
 
 # A fixed English text; prompts are windows of its tokens (different per row, all the same length).
 TEXT = """\
@@ -160,8 +176,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="measure the decode stages: eager, jit without cache, jit + cache, on device, bfloat16")
     parser.add_argument("--speculative", action=argparse.BooleanOptionalAction, default=True,
                         help="measure speculative decoding (n-gram and draft model) against plain greedy by task type")
+    parser.add_argument("--quant", action=argparse.BooleanOptionalAction, default=True,
+                        help="measure the quantized decode step: float32 and each --quant-formats, each with each "
+                             "--quant-kv cache, at --quant-batch-sizes, side by side in this process")
+    parser.add_argument("--quant-batch-sizes", type=_int_list, default=None, metavar="B,B,...",
+                        help=f"batch sizes of the quantized decode rows (default {','.join(map(str, d['quant_batch_sizes']))})")
+    parser.add_argument("--quant-steps", type=int, default=None, metavar="N",
+                        help=f"decode steps per timed measurement of the quantized rows (default {d['quant_steps']})")
+    parser.add_argument("--quant-formats", type=_choices(QUANT_FORMATS), default=QUANT_FORMATS, metavar="F,F,...",
+                        help=f"weight formats of the quantization and quality rows (default {','.join(QUANT_FORMATS)})")
+    parser.add_argument("--quant-kv", type=_choices(KV_FORMATS), default=KV_FORMATS, metavar="KV,KV",
+                        help=f"KV cache formats of the quantization and quality rows (default {','.join(KV_FORMATS)})")
+    parser.add_argument("--quality", action="store_true",
+                        help="quality of each format against float32: perplexity on data/eval, KL, top-1 and greedy "
+                             "agreement over 32 chat prompts, memory (about 5 minutes on 2 cores)")
+    parser.add_argument("--quant-only", action="store_true",
+                        help="only the quantization rows (and --quality): skip prefill, the float32 decode rows, the "
+                             "peer, the stages, speculative decoding and time to first token")
+    parser.add_argument("--model", default=None,
+                        help="with --quant-only: the model to quantize and evaluate (a .gguf file, a HF checkpoint "
+                             "folder or hub id; default: the embedded SmolLM2-135M)")
     parser.add_argument("--quick", action="store_true",
-                        help="tiny sizes for a smoke test: batch 1,2, 8 new tokens, prompt 16, 1 rep, small ceilings")
+                        help="tiny sizes for a smoke test: batch 1,2, 8 new tokens, prompt 16, 1 rep, small ceilings "
+                             "and a small quality report")
     parser.add_argument("--targets", action="store_true", help="print the issue's targets as PASS/MISS lines")
     parser.add_argument("--json", metavar="PATH", default=None, help="write every number to this JSON file")
     parser.add_argument("--plot", metavar="PATH", default=None, help="write a roofline plot (PNG) to this file")
@@ -177,6 +214,17 @@ def _int_list(text: str) -> tuple[int, ...]:
     return values
 
 
+def _choices(allowed: tuple[str, ...]):
+    def parse(text: str) -> tuple[str, ...]:
+        values = tuple(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+        bad = [v for v in values if v not in allowed]
+        if not values or bad:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {','.join(allowed)}, got {text!r}")
+        return values
+
+    return parse
+
+
 def resolve_options(args: argparse.Namespace) -> dict:
     """Defaults (or the --quick set), overridden by whatever was given explicitly."""
     base = dict(QUICK if getattr(args, "quick", False) else DEFAULTS)
@@ -185,17 +233,36 @@ def resolve_options(args: argparse.Namespace) -> dict:
         if value is not None:
             base[key] = value
     base["batch_sizes"] = tuple(sorted(set(base["batch_sizes"])))
+    base["quant_batch_sizes"] = tuple(sorted(set(base["quant_batch_sizes"])))
+    quant_only = bool(getattr(args, "quant_only", False))
     base.update(
         quick=bool(getattr(args, "quick", False)),
-        peer=not getattr(args, "no_peer", False),
-        ttft=not getattr(args, "no_ttft", False),
-        stages=bool(getattr(args, "stages", True)),
-        speculative=bool(getattr(args, "speculative", True)),
+        float=not quant_only,  # the float32 prefill/decode rows and everything measured against them
+        peer=not getattr(args, "no_peer", False) and not quant_only,
+        ttft=not getattr(args, "no_ttft", False) and not quant_only,
+        stages=bool(getattr(args, "stages", True)) and not quant_only,
+        speculative=bool(getattr(args, "speculative", True)) and not quant_only,
+        quant=bool(getattr(args, "quant", True)),
+        quant_formats=tuple(getattr(args, "quant_formats", None) or QUANT_FORMATS),
+        quant_kv=tuple(getattr(args, "quant_kv", None) or KV_FORMATS),
+        quality=bool(getattr(args, "quality", False)),
+        model=getattr(args, "model", None),
         targets=bool(getattr(args, "targets", False)),
         json=getattr(args, "json", None),
         plot=getattr(args, "plot", None),
     )
     from .errors import InvalidRequestError
+
+    if base["model"] is not None and not quant_only:
+        raise InvalidRequestError("--model sets the model of the quantization and quality rows; add --quant-only "
+                                  "(the float32 rows and the peer always run the embedded GGUF)")
+    if quant_only and not (base["quant"] or base["quality"]):
+        raise InvalidRequestError("--quant-only with --no-quant and without --quality measures nothing; "
+                                  "drop --no-quant or add --quality")
+    if quant_only and base["plot"]:
+        raise InvalidRequestError("--plot draws the float32 prefill and decode roofline; drop --plot or --quant-only")
+    if base["quant_steps"] < 1:
+        raise InvalidRequestError(f"--quant-steps must be >= 1, got {base['quant_steps']}")
 
     for key in ("new_tokens", "prompt_len", "reps", "bandwidth_mib", "matmul_n"):
         if base[key] < 1:
@@ -280,6 +347,106 @@ def decode_step_bytes(weight_bytes: float, cfg, batch: int, context: float, item
     return weight_bytes + kv_bytes(cfg, batch, context, itemsize)
 
 
+def kv_vector_bytes(cfg, kv: str) -> int:
+    """Bytes of one cached key or value vector: head_dim float32s, or head_dim int8s plus a float32 scale."""
+    return cfg.head_dim * 4 if kv == "float32" else cfg.head_dim + 4
+
+
+def kv_bytes_format(cfg, batch: int, tokens: float, kv: str) -> float:
+    """Bytes of K and V for ``tokens`` positions per row in a ``kv`` ("float32" / "int8") cache."""
+    return 2.0 * cfg.n_layers * batch * tokens * cfg.n_kv_heads * kv_vector_bytes(cfg, kv)
+
+
+def quant_label(weights: str, kv: str) -> str:
+    """"int8", "int8 + int8 KV", "float32 + int8 KV", ... (the same labels as ``jaxlab.quality.label``)."""
+    return weights if kv == "float32" else f"{weights} + int8 KV"
+
+
+def is_baseline(row: dict) -> bool:
+    return (row["weights"], row["kv_cache"]) == ("float32", "float32")
+
+
+def crossover(ratios: dict) -> dict:
+    """Where a format pays, from {batch: ratio} with ratio = float32 step time / its step time (> 1 pays).
+
+    -> {"pays_at": batches where ratio > 1, "from": the smallest batch from which it pays at every larger
+    measured batch (None if it does not pay at the largest), "text"}. Weight-only formats usually pay at
+    small batches (decode reads the weights) and stop paying at large ones (compute), so "up to b8"
+    is as much a crossover as "from b8"."""
+    bs = sorted(b for b, r in ratios.items() if r is not None)
+    pays = [b for b in bs if ratios[b] > 1.0]
+    tail = []
+    for b in reversed(bs):
+        if ratios[b] <= 1.0:
+            break
+        tail.insert(0, b)
+    if not bs:
+        text = "not measured"
+    elif not pays:
+        text = "never (<= 1x at every batch)"
+    elif pays == bs:
+        text = "at every batch measured"
+    elif pays == tail:
+        text = f"from b{pays[0]}"
+    elif pays == bs[:len(pays)]:
+        text = f"up to b{pays[-1]} (loses from b{bs[len(pays)]})"
+    else:
+        text = "at " + ", ".join(f"b{b}" for b in pays)
+    return {"pays_at": pays, "from": tail[0] if tail else None, "text": text}
+
+
+def crossover_rows(rows: list[dict]) -> list[dict]:
+    """One row per quantized variant (not the float32 baseline): its ratio at each batch and :func:`crossover`."""
+    out = {}
+    for r in rows:
+        if not is_baseline(r):
+            out.setdefault((r["weights"], r["kv_cache"]), {})[r["batch"]] = r["vs_float32"]
+    return [{"label": quant_label(w, kv), "weights": w, "kv_cache": kv, "ratios": ratios, **crossover(ratios)}
+            for (w, kv), ratios in out.items()]
+
+
+def best_at_batch(rows: list[dict], batch: int) -> dict | None:
+    """The quantized row with the highest ratio over float32 at ``batch`` (None if none was measured)."""
+    cands = [r for r in rows if r["batch"] == batch and not is_baseline(r) and r.get("vs_float32") is not None]
+    return max(cands, key=lambda r: r["vs_float32"], default=None)
+
+
+def speed_quality_targets(rows: list[dict], quality: dict | None) -> list[dict]:
+    """For each speed target of :data:`QUALITY_LINKED`: does a format that meets it also meet the quality
+    targets (ppl increase <= 1 %, greedy agreement >= 90 %), measured in the same run?
+
+    PASS: the fastest such format that meets both; MISS: formats meet the speed target, none meets the
+    quality targets; "n/a" when the batch was not measured, no format met the speed target, or the
+    quality was not measured in this run (``quality`` None)."""
+    thresholds = {key: thr for key, _, _, thr, _ in TARGETS}
+    out = []
+    q_rows = {(r["weights"], r["kv_cache"]): r for r in (quality or {}).get("rows", [])}
+    for batch, key in QUALITY_LINKED:
+        thr = thresholds[key]
+        target = f"the format meeting the batch-{batch} speed target also meets ppl +<= 1 % and greedy agreement >= 90 %"
+        at_b = [r for r in rows if r["batch"] == batch and not is_baseline(r) and r.get("vs_float32") is not None]
+        fast = sorted((r for r in at_b if r["vs_float32"] >= thr), key=lambda r: -r["vs_float32"])
+        if not at_b:
+            status, note = "n/a", f"batch {batch} not measured"
+        elif not fast:
+            status, note = "n/a", f"no format met the speed target ({thr:g}x)"
+        elif quality is None:
+            status, note = "n/a", "quality not measured in this run (add --quality)"
+        else:
+            def describe(r):
+                q = q_rows.get((r["weights"], r["kv_cache"]))
+                if q is None:
+                    return f"{quant_label(r['weights'], r['kv_cache'])} {r['vs_float32']:.2f}x: quality not measured"
+                return (f"{q['label']} {r['vs_float32']:.2f}x: ppl {q['ppl_increase_pct']:+.2f} %, greedy agreement "
+                        f"{100 * q['greedy_agreement']:.1f} %")
+
+            good = [r for r in fast if q_rows.get((r["weights"], r["kv_cache"]), {}).get("status") == "PASS"]
+            status, note = ("PASS", describe(good[0])) if good else ("MISS", "; ".join(describe(r) for r in fast))
+        out.append({"target": target, "key": f"{key}_quality", "threshold": None, "op": None, "unit": "",
+                    "measured": None, "status": status, "note": note})
+    return out
+
+
 def first_divergence(ours: Sequence[Sequence[int]], peer: Sequence[Sequence[int]]) -> tuple[int, int] | None:
     """(row, token index) of the first differing token (scanning rows in order), or None if identical."""
     for r, (a, b) in enumerate(zip(ours, peer)):
@@ -312,7 +479,7 @@ def evaluate_targets(metrics: dict) -> list[dict]:
         else:
             status = "PASS" if value <= threshold else "MISS"
         out.append({"target": text, "key": key, "threshold": threshold, "op": op, "unit": unit,
-                    "measured": value, "status": status})
+                    "measured": value, "status": status, "detail": metrics.get(f"{key}_label")})
     return out
 
 
@@ -320,7 +487,9 @@ def target_lines(evaluated: list[dict]) -> list[str]:
     lines = []
     for t in evaluated:
         v = t["measured"]
-        if v is None:
+        if t.get("note"):
+            got = t["note"]
+        elif v is None:
             got = "not measured"
         elif t["unit"] == "x":
             got = f"measured {v:.2f}x"
@@ -328,6 +497,8 @@ def target_lines(evaluated: list[dict]) -> list[str]:
             got = f"measured {v:.1f} %"
         else:
             got = f"measured {v:.2f} s"
+        if t.get("detail") and v is not None:
+            got += f" ({t['detail']})"
         lines.append(f"{t['status']:<4}  {t['target']}: {got}")
     return lines
 
@@ -571,6 +742,15 @@ def estimate_seconds(opts: dict, peak_flops: float, weight_bytes: float, n_param
     n, p, reps = opts["new_tokens"], opts["prompt_len"], opts["reps"]
     total = 15.0  # load model, ceilings
     impls = 2.5 if opts["peer"] else 1.0  # ours + peer
+    variants = (1 + len(opts["quant_formats"])) * len(opts["quant_kv"])
+    if opts["quant"]:  # a compile per program; quantized steps taken as twice float32's (int4 is slower)
+        for b in opts["quant_batch_sizes"]:
+            step = max(weight_bytes / 10e9, 2 * n_params * b / eff)
+            total += variants * (5.0 + (max(reps, 5) + 1) * opts["quant_steps"] * 2 * step)
+    if opts["quality"]:  # measured on 2 busy cores: ~20-60 s per variant at the default sizes
+        total += 20.0 + variants * (15.0 if opts["quick"] else 45.0)
+    if not opts["float"]:
+        return total
     for b in opts["batch_sizes"]:
         step = max(weight_bytes / 10e9, 2 * n_params * b / eff)
         run = (n - 1) * step + 2 * n_params * b * p / eff
@@ -637,21 +817,17 @@ def run_bench(opts: dict, log=None) -> dict:
     log = log or _Progress()
     t_run = time.perf_counter()
     import jax
-    import jax.numpy as jnp
-    import numpy as np
 
     from . import __version__, profile
-    from .generate import CACHE_BUCKETS, bucket, decode_on_device
-    from .kvcache import init_cache
+    from .generate import CACHE_BUCKETS, bucket
     from .loading import load
-    from .model import cast_params, default_policy, forward
 
     P, N, reps = opts["prompt_len"], opts["new_tokens"], opts["reps"]
     batch_sizes = opts["batch_sizes"]
     res: dict[str, Any] = {"options": {k: (list(v) if isinstance(v, tuple) else v) for k, v in opts.items()}}
 
-    log("loading the model (embedded SmolLM2-135M, float32)")
-    m = load()
+    log(f"loading the model ({opts['model'] or 'embedded SmolLM2-135M'}, float32)")
+    m = load(opts["model"])
     params, tok = m.params, m.tokenizer
     cfg = params.config
     weight_bytes = params.nbytes()
@@ -661,10 +837,9 @@ def run_bench(opts: dict, log=None) -> dict:
 
         raise InvalidRequestError(f"--prompt-len + --new-tokens = {P + N} exceeds the model's context {cfg.max_seq_len}")
     text_ids = tok.encode(TEXT)
-    rows_all = make_prompts(text_ids, max(batch_sizes + (1,)), P)
+    rows_all = make_prompts(text_ids, max(batch_sizes + opts["quant_batch_sizes"] + (1,)), P)
     row0 = rows_all[0]
     cache_len = bucket(P + N, CACHE_BUCKETS)
-    itemsize = 4
     dev = jax.devices()[0]
     persistent = jax.config.jax_compilation_cache_dir
 
@@ -676,14 +851,16 @@ def run_bench(opts: dict, log=None) -> dict:
         f"load average {os.getloadavg()[0]:.1f})")
 
     # ---- compile (warm-up) everything jaxlab will time ------------------------------------------
-    gen = _timed_generator(params, tok)
-    for b in sorted(set(batch_sizes) | {1}):
-        log(f"compile + warm-up: Generator batch {b} (prefill for the prompt bucket, decode step)")
-        with profile.CompileCounter() as cc:
-            gen.warmup(batch_sizes=[b], prompt_lens=[P], max_new_tokens=N)
-        res.setdefault("compile_cache_hits", 0)
-        res["compile_cache_hits"] += cc.cache_hits
-    mem_after = profile.memory_stats()
+    gen, mem_after = None, {}
+    if opts["float"]:
+        gen = _timed_generator(params, tok)
+        for b in sorted(set(batch_sizes) | {1}):
+            log(f"compile + warm-up: Generator batch {b} (prefill for the prompt bucket, decode step)")
+            with profile.CompileCounter() as cc:
+                gen.warmup(batch_sizes=[b], prompt_lens=[P], max_new_tokens=N)
+            res.setdefault("compile_cache_hits", 0)
+            res["compile_cache_hits"] += cc.cache_hits
+        mem_after = profile.memory_stats()
 
     # ---- ceilings -------------------------------------------------------------------------------
     log(f"ceilings: copy of {opts['bandwidth_mib']} MiB, {opts['matmul_n']}^2 matmul")
@@ -692,7 +869,7 @@ def run_bench(opts: dict, log=None) -> dict:
 
     # ---- the peer ------------------------------------------------------------------------------
     peer = None
-    peer_reason = "disabled (--no-peer)"
+    peer_reason = "disabled (--no-peer)" if opts["float"] else "not run (--quant-only)"
     if opts["peer"]:
         try:
             import importlib
@@ -715,9 +892,104 @@ def run_bench(opts: dict, log=None) -> dict:
         "jaxlab": __version__, "versions": _versions(), "backend": jax.default_backend(),
         "device": str(dev), "device_kind": dev.device_kind, "cpu": _cpu_name(), "python": platform.python_version(),
         "threads": _threads_info(peer is not None), "load_average_start": os.getloadavg(),
-        "persistent_compile_cache": persistent, "model": "SmolLM2-135M-Instruct (embedded GGUF, Q4_1 dequantized)",
+        "persistent_compile_cache": persistent,
+        "model": "SmolLM2-135M-Instruct (embedded GGUF, Q4_1 dequantized)" if opts["model"] is None
+                 else f"{m.source} (float32)",
         "params": n_params, "weight_bytes": weight_bytes, "prompt_source": "windows of a fixed English text (jaxlab.bench.TEXT)",
     }
+
+    # ---- float32: prefill, decode, stages, speculative --------------------------------------------
+    res.update(prefill=None, decode=[], stages=[], speculative=[])
+    mem_decode = {}
+    if opts["float"]:
+        mem_decode = _float_speed(opts, res, params, tok, gen, peer, rows_all, cache_len, log)
+
+    # ---- quantized decode rows, then the quality report (which reuses the quantized weights) -------
+    quantized: dict[str, Any] = {}
+    res["quant"] = measure_quant(opts, params, tok, quantized, rows_all, cache_len, log) if opts["quant"] else None
+    res["quality"] = None
+    if opts["quality"]:
+        from . import quality
+
+        res["quality"] = quality.quality_report(
+            loaded=m, formats=opts["quant_formats"], kv_formats=opts["quant_kv"],
+            sizes=quality.SMALL if opts["quick"] else quality.DEFAULT, quantized=quantized,
+            kv_batch=max(opts["quant_batch_sizes"]), kv_len=cache_len, log=log)
+
+    # ---- ceilings again (the best the machine showed during the run is the ceiling) ----------------
+    log("ceilings again, at the end")
+    bws.append(profile.measure_bandwidth(opts["bandwidth_mib"] << 20, repeats=ceil_reps))
+    peaks.append(profile.measure_matmul_flops(opts["matmul_n"], repeats=ceil_reps))
+    res["ceilings"] = ceilings = {
+        "bandwidth_bytes_per_s": max(bws), "bandwidth_samples": bws, "bandwidth_copy_bytes": opts["bandwidth_mib"] << 20,
+        "matmul_flops_per_s": max(peaks), "matmul_samples": peaks, "matmul_n": opts["matmul_n"],
+        "ridge_flop_per_byte": max(peaks) / max(bws),
+        "method": "each sample is the best of max(3, reps) synchronized runs; samples are taken at the start, after "
+                  "the compile warm-up and at the end of the run, and the ceiling is the largest (the best this machine "
+                  "showed during the run); bandwidth = (read + write bytes) / time of a donated x + 1 over float32 x; "
+                  "compute = 2 n^3 / time of an n x n float32 matmul at Precision.HIGHEST",
+    }
+    if opts["float"]:
+        add_rooflines(res, ceilings)
+    if res["quant"]:
+        for r in res["quant"]["rows"]:
+            r["bw_roofline_pct"] = bandwidth_roofline_pct(r["bytes_per_step"], r["step_s"]["median"],
+                                                          ceilings["bandwidth_bytes_per_s"])
+
+    # ---- compile times ---------------------------------------------------------------------------
+    res["compile"] = ((gen.compile_log if gen else []) + [c for s in res["stages"] for c in s.pop("_compile_log", [])]
+                      + (res["quant"]["compile"] if res["quant"] else []))
+
+    # ---- memory ----------------------------------------------------------------------------------
+    res["memory"] = {"weights_float32_bytes": weight_bytes, "weights_bfloat16_bytes": weight_bytes // 2,
+                     "weights_quantized_bytes": {f: q.nbytes() for f, q in quantized.items()}, "cache_len": cache_len}
+    if opts["float"]:
+        temps = [c.get("temp_bytes") or 0 for c in gen.compile_log]
+        res["memory"].update({
+            "kv_cache_bytes": {str(b): kv_bytes(cfg, b, cache_len, 4) for b in batch_sizes},
+            "largest_xla_temp_bytes": max(temps) if temps else None,
+            "after_compile_warmup": mem_after,
+            "after_decode": mem_decode,
+            "peak_rss_jaxlab_bytes": mem_after.get("process_peak_rss_bytes"),
+            "note": "peak_rss_jaxlab_bytes is the process peak RSS after jaxlab's compile + warm-up at every batch size "
+                    "(a real prefill of the largest batch, caches allocated), before the bandwidth copy and the peer; "
+                    "later snapshots include both",
+        })
+
+    # ---- time to first token ----------------------------------------------------------------------
+    if opts["ttft"]:
+        res["ttft"] = _ttft_children(P, reps, log)
+    else:
+        res["ttft"] = None
+
+    res["memory"]["final"] = profile.memory_stats()
+    res["metrics"] = headline_metrics(res)
+    res["targets"] = evaluate_targets(res["metrics"]) + speed_quality_targets(
+        (res["quant"] or {}).get("rows", []), res["quality"])
+    res["meta"]["load_average_end"] = os.getloadavg()
+    res["meta"]["elapsed_s"] = time.perf_counter() - t_run
+    log(f"done in {res['meta']['elapsed_s'] / 60:.1f} min")
+    return res
+
+
+def _float_speed(opts, res, params, tok, gen, peer, rows_all, cache_len, log) -> dict:
+    """The float32 rows: prefill and decode against the peer, the stages and speculative decoding (filled
+    into ``res``); returns the memory snapshot taken after decode."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from . import profile
+    from .generate import decode_on_device
+    from .kvcache import init_cache
+    from .model import cast_params, default_policy, forward
+
+    P, N, reps = opts["prompt_len"], opts["new_tokens"], opts["reps"]
+    batch_sizes = opts["batch_sizes"]
+    cfg = params.config
+    weight_bytes = params.nbytes()
+    row0 = rows_all[0]
+    itemsize = 4
 
     # ---- prefill (batch 1) ---------------------------------------------------------------------
     pre_ours, pre_peer, pre_ratio = [], [], []
@@ -818,53 +1090,112 @@ def run_bench(opts: dict, log=None) -> dict:
                                           methods=("ngram",) if quick else ("ngram", "draft"),
                                           repeats=1 if quick else 2, generator=gen)
 
-    # ---- ceilings again (the best the machine showed during the run is the ceiling) ----------------
-    log("ceilings again, at the end")
-    bws.append(profile.measure_bandwidth(opts["bandwidth_mib"] << 20, repeats=ceil_reps))
-    peaks.append(profile.measure_matmul_flops(opts["matmul_n"], repeats=ceil_reps))
-    res["ceilings"] = ceilings = {
-        "bandwidth_bytes_per_s": max(bws), "bandwidth_samples": bws, "bandwidth_copy_bytes": opts["bandwidth_mib"] << 20,
-        "matmul_flops_per_s": max(peaks), "matmul_samples": peaks, "matmul_n": opts["matmul_n"],
-        "ridge_flop_per_byte": max(peaks) / max(bws),
-        "method": "each sample is the best of max(3, reps) synchronized runs; samples are taken at the start, after "
-                  "the compile warm-up and at the end of the run, and the ceiling is the largest (the best this machine "
-                  "showed during the run); bandwidth = (read + write bytes) / time of a donated x + 1 over float32 x; "
-                  "compute = 2 n^3 / time of an n x n float32 matmul at Precision.HIGHEST",
-    }
-    add_rooflines(res, ceilings)
+    return mem_decode
 
-    # ---- compile times ---------------------------------------------------------------------------
-    res["compile"] = gen.compile_log + [c for s in stages for c in s.pop("_compile_log", [])]
 
-    # ---- memory ----------------------------------------------------------------------------------
-    temps = [c.get("temp_bytes") or 0 for c in gen.compile_log]
-    res["memory"] = {
-        "weights_float32_bytes": weight_bytes,
-        "weights_bfloat16_bytes": weight_bytes // 2,
-        "kv_cache_bytes": {str(b): kv_bytes(cfg, b, cache_len, itemsize) for b in batch_sizes},
-        "cache_len": cache_len,
-        "largest_xla_temp_bytes": max(temps) if temps else None,
-        "after_compile_warmup": mem_after,
-        "after_decode": mem_decode,
-        "peak_rss_jaxlab_bytes": mem_after.get("process_peak_rss_bytes"),
-        "note": "peak_rss_jaxlab_bytes is the process peak RSS after jaxlab's compile + warm-up at every batch size "
-                "(a real prefill of the largest batch, caches allocated), before the bandwidth copy and the peer; "
-                "later snapshots include both",
-    }
+def measure_quant(opts: dict, params, tokenizer, quantized: dict, rows_all, cache_len: int, log) -> dict:
+    """The decode step of float32 and of each quantized variant (weights x KV cache) at each batch size,
+    side by side in this process, as the A/B harness of ``benchmarks/NOTES.md`` does: every program is
+    compiled and run once first; then each of max(reps, 5) repetitions runs ``quant_steps`` steps of every
+    variant in turn (the order rotates by one per repetition), so that load from other processes hits all
+    variants alike.
 
-    # ---- time to first token ----------------------------------------------------------------------
-    if opts["ttft"]:
-        res["ttft"] = _ttft_children(P, reps, log)
-    else:
-        res["ttft"] = None
+    A step is the library's (``generate._decode_step``: forward + greedy pick, cache donated) with the
+    token sent to the host after each step, as ``Generator`` does. The cache holds ``prompt_len`` filled
+    slots of ``cache_len`` (zeros: the step's cost does not depend on what the cache holds, as attention
+    reads every slot). The weights are quantized as ``jaxlab.load(quant=...)`` does
+    (``quant.quantize_model``: W8A8 calibrated); ``quantized`` ({format: Params}) is filled for the
+    quality report to reuse."""
+    import dataclasses
 
-    res["memory"]["final"] = profile.memory_stats()
-    res["metrics"] = headline_metrics(res)
-    res["targets"] = evaluate_targets(res["metrics"])
-    res["meta"]["load_average_end"] = os.getloadavg()
-    res["meta"]["elapsed_s"] = time.perf_counter() - t_run
-    log(f"done in {res['meta']['elapsed_s'] / 60:.1f} min")
-    return res
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from . import quant
+    from .generate import _decode_step
+    from .kvcache import init_cache
+    from .sampling import SamplingParams
+
+    P, k = opts["prompt_len"], opts["quant_steps"]
+    reps = max(opts["reps"], 5)  # short measurements on a shared machine: more repetitions (as the prefill)
+    batches = opts["quant_batch_sizes"]
+    cfg = params.config
+    quantize_s = {}
+    for fmt in opts["quant_formats"]:
+        if fmt not in quantized:
+            log(f"quantized decode: quantizing the weights to {fmt}")
+            t0 = time.perf_counter()
+            quantized[fmt] = quant.quantize_model(params, tokenizer, fmt)
+            quantize_s[fmt] = time.perf_counter() - t0
+    weights = {"float32": params, **quantized}
+    variants = list(dict.fromkeys([("float32", "float32")] + [(w, kv) for w in ("float32", *opts["quant_formats"])
+                                                               for kv in opts["quant_kv"]]))
+    step = jax.jit(_decode_step, donate_argnums=(3,), static_argnames=("greedy",))
+    samp = SamplingParams().arrays()
+    key = jax.random.key(0)
+    first = {b: jnp.asarray([r[-1] for r in rows_all[:b]], jnp.int32) for b in batches}
+    positions = {b: [jnp.full((b,), P + s, jnp.int32) for s in range(k)] for b in batches}
+
+    def fresh_cache(b, kv):
+        cache = init_cache(cfg, b, cache_len, jnp.int8 if kv == "int8" else jnp.float32)
+        slots = jnp.arange(cache_len, dtype=jnp.int32)
+        pos = jnp.broadcast_to(jnp.where(slots < P, slots, -1), (b, cache_len))
+        return jax.block_until_ready(dataclasses.replace(cache, pos=pos, index=jnp.asarray(P, jnp.int32)))
+
+    compiled, compile_log = {}, []
+    for b in batches:
+        for w, kv in variants:
+            log(f"quantized decode: compile {quant_label(w, kv)}, batch {b}")
+            t0 = time.perf_counter()
+            compiled[w, kv, b] = step.lower(weights[w], first[b], positions[b][0], fresh_cache(b, kv), key, *samp,
+                                            greedy=True).compile()
+            compile_log.append({"function": "decode step (quant rows)", "dtype": quant_label(w, kv), "batch": b,
+                                "tokens": None, "cache_len": cache_len, "seconds": time.perf_counter() - t0})
+
+    def run(w, kv, b, steps=k) -> float:
+        fn, p, tokens, cache = compiled[w, kv, b], weights[w], first[b], fresh_cache(b, kv)
+        t0 = time.perf_counter()
+        for s in range(steps):
+            tokens, _, cache = fn(p, tokens, positions[b][s], cache, key, *samp)
+            np.asarray(tokens)  # the host gets every token, as in Generator's loop
+        return (time.perf_counter() - t0) / steps
+
+    log("quantized decode: warm-up (two steps of every program)")
+    for b in batches:
+        for v in variants:
+            run(*v, b, steps=min(2, k))
+    times: dict[tuple, list[float]] = {}
+    for rep in range(reps):
+        order = variants[rep % len(variants):] + variants[:rep % len(variants)]
+        for b in batches:
+            log(f"quantized decode: batch {b}, rep {rep + 1}/{reps} ({len(variants)} variants x {k} steps)")
+            for w, kv in order:
+                times.setdefault((w, kv, b), []).append(run(w, kv, b))
+    rows = []
+    compile_s = {(c["dtype"], c["batch"]): c["seconds"] for c in compile_log}
+    for b in batches:
+        base = times["float32", "float32", b]
+        for w, kv in variants:
+            t = times[w, kv, b]
+            st = summarize(t)
+            wb = weights[w].nbytes()
+            paired = summarize([x / y for x, y in zip(base, t)])  # float32 / this, same repetition
+            rows.append({
+                "weights": w, "kv_cache": kv, "label": quant_label(w, kv), "batch": b,
+                "step_s": st, "tokens_per_s": summary_map(st, lambda x: b / x),
+                "vs_float32": paired["median"], "vs_float32_per_rep": paired,
+                "vs_float32_of_medians": ratio(statistics.median(base), st["median"]),
+                "weight_bytes": wb, "bytes_per_step": wb + kv_bytes_format(cfg, b, P + k / 2, kv),
+                "compile_s": compile_s[quant_label(w, kv), b],
+            })
+    return {"rows": rows, "crossover": crossover_rows(rows), "batch_sizes": list(batches), "steps": k, "reps": reps,
+            "prompt_len": P, "cache_len": cache_len, "quantize_s": quantize_s, "compile": compile_log,
+            "method": "decode step (forward + greedy pick, cache donated, token to host each step) of every variant, "
+                      "compiled and warmed up first, then alternated rep by rep in one process; vs_float32 = median "
+                      "over repetitions of float32's step time / this step time in the same repetition (paired, so a "
+                      "slow drift in machine load cancels); bytes/step = weights + K/V of the mean context in the "
+                      "variant's cache format"}
 
 
 def add_rooflines(res: dict, ceilings: dict) -> None:
@@ -1048,11 +1379,13 @@ def _stages(opts, params, tok, gen, row0, ref_tokens, cache_len, log,
 
 def headline_metrics(res: dict) -> dict:
     """The numbers the targets read (None where not measured)."""
-    dec = {d["batch"]: d for d in res.get("decode", [])}
+    dec = {d["batch"]: d for d in res.get("decode") or []}
     pre = res.get("prefill") or {}
     gen_compiles = [c["seconds"] for c in res.get("compile", []) if c["function"] in ("prefill", "first", "decode")
                     and c.get("dtype") == "float32"]
     ttft = res.get("ttft")
+    qrows = (res.get("quant") or {}).get("rows", [])
+    best = {b: best_at_batch(qrows, b) for b in (1, 32)}
     return {
         "decode_b1_vs_peer": dec[1]["vs_peer"] if 1 in dec else None,
         "decode_b1_bw_pct": dec[1]["bw_roofline_pct"] if 1 in dec else None,
@@ -1062,6 +1395,10 @@ def headline_metrics(res: dict) -> dict:
         "compile_max_s": max(gen_compiles) if gen_compiles else None,
         "ttft_warm_s": ttft["warm"]["median"] if ttft else None,
         "speculative_copy_speedup": _copy_heavy_speedup(res.get("speculative") or []),
+        "quant_b32_best": best[32]["vs_float32"] if best[32] else None,
+        "quant_b32_best_label": best[32]["label"] if best[32] else None,
+        "quant_b1_best": best[1]["vs_float32"] if best[1] else None,
+        "quant_b1_best_label": best[1]["label"] if best[1] else None,
     }
 
 
@@ -1125,27 +1462,29 @@ def render(res: dict) -> str:
     parts = ["\n".join(head)]
 
     pre = res["prefill"]
-    rows = [["jaxlab (jit)", fmt_summary(pre["ours_tokens_per_s"]), fmt_summary(pre["ours_s"], 1e3),
-             fmt_pct(pre["matmul_ceiling_pct"]), fmt_ratio(pre["vs_peer"])]]
-    if pre["peer_s"]:
-        rows.append(["transformers", fmt_summary(pre["peer_tokens_per_s"]), fmt_summary(pre["peer_s"], 1e3),
-                     fmt_pct(pre["peer_matmul_ceiling_pct"]), "1.00x"])
-    parts.append(_table(rows, ["prefill", "tok/s", "ms", "% matmul ceiling", "vs transformers"],
-                        f"Prefill: batch 1, {pre['prompt_len']}-token prompt, generate(max_new_tokens=1) wall time; "
-                        f"FLOPs = model count ({pre['flops_model'] / 1e9:.2f} GFLOP"
-                        + (f"; XLA's cost analysis of the padded program: {pre['xla_flops'] / 1e9:.2f}" if pre.get("xla_flops") else "")
-                        + ")"))
+    if pre:
+        rows = [["jaxlab (jit)", fmt_summary(pre["ours_tokens_per_s"]), fmt_summary(pre["ours_s"], 1e3),
+                 fmt_pct(pre["matmul_ceiling_pct"]), fmt_ratio(pre["vs_peer"])]]
+        if pre["peer_s"]:
+            rows.append(["transformers", fmt_summary(pre["peer_tokens_per_s"]), fmt_summary(pre["peer_s"], 1e3),
+                         fmt_pct(pre["peer_matmul_ceiling_pct"]), "1.00x"])
+        parts.append(_table(rows, ["prefill", "tok/s", "ms", "% matmul ceiling", "vs transformers"],
+                            f"Prefill: batch 1, {pre['prompt_len']}-token prompt, generate(max_new_tokens=1) wall time; "
+                            f"FLOPs = model count ({pre['flops_model'] / 1e9:.2f} GFLOP"
+                            + (f"; XLA's cost analysis of the padded program: {pre['xla_flops'] / 1e9:.2f}" if pre.get("xla_flops") else "")
+                            + ")"))
 
-    rows = []
-    for d in res["decode"]:
-        rows.append([f"decode b{d['batch']}", fmt_summary(d["ours_tokens_per_s"]), fmt_summary(d["peer_tokens_per_s"]),
-                     fmt_ratio(d["vs_peer"]), fmt_summary(d["ours_step_s"], 1e3), fmt_bytes(d["bytes_per_step"]),
-                     fmt_pct(d["bw_roofline_pct"]), f"{fmt_pct(d['roofline_pct'])} {d['roofline_bound']}",
-                     d["greedy_check"]])
-    parts.append(_table(rows, ["decode", "jaxlab tok/s", "transformers tok/s", "vs transformers", "step ms",
-                               "bytes/step", "% BW roofline", "% roofline (bound)", "greedy tokens vs transformers"],
-                        f"Decode: {opts['new_tokens']} new tokens per row ({opts['new_tokens'] - 1} timed decode steps), "
-                        "tok/s = rows x steps / decode time; bytes/step = weights + K/V of the tokens so far"))
+    if res["decode"]:
+        rows = []
+        for d in res["decode"]:
+            rows.append([f"decode b{d['batch']}", fmt_summary(d["ours_tokens_per_s"]), fmt_summary(d["peer_tokens_per_s"]),
+                         fmt_ratio(d["vs_peer"]), fmt_summary(d["ours_step_s"], 1e3), fmt_bytes(d["bytes_per_step"]),
+                         fmt_pct(d["bw_roofline_pct"]), f"{fmt_pct(d['roofline_pct'])} {d['roofline_bound']}",
+                         d["greedy_check"]])
+        parts.append(_table(rows, ["decode", "jaxlab tok/s", "transformers tok/s", "vs transformers", "step ms",
+                                   "bytes/step", "% BW roofline", "% roofline (bound)", "greedy tokens vs transformers"],
+                            f"Decode: {opts['new_tokens']} new tokens per row ({opts['new_tokens'] - 1} timed decode steps), "
+                            "tok/s = rows x steps / decode time; bytes/step = weights + K/V of the tokens so far"))
 
     if res["stages"]:
         rows = []
@@ -1176,25 +1515,83 @@ def render(res: dict) -> str:
         parts.append(_table(rows, ["time to first token", "seconds", "compiles / persistent-cache hits"],
                             f"Time to first token: fresh process, model loaded, Generator.generate([{opts['prompt_len']} tokens], 1)"))
 
+    if res.get("quant"):
+        parts.append(render_quant(res["quant"]))
+    if res.get("quality"):
+        parts.append(render_quality(res["quality"]))
+
     rows = []
     for c in res["compile"]:
         shape = (f"tokens {c['batch']}x{c['tokens']}" if c.get("tokens") else f"batch {c['batch']}") + \
                 (f", cache {c['cache_len']}" if c.get("cache_len") else "")
         rows.append([c["function"], c.get("dtype", ""), shape, _num(c["seconds"])])
     parts.append(_table(rows, ["jitted function", "dtype", "shapes", "compile s"],
-                        "Compile: lower + XLA compile per program (AOT; Generator programs for every batch size, then the stages)"))
+                        "Compile: lower + XLA compile per program (AOT; Generator programs for every batch size, then the "
+                        "stages, then the quantized decode rows)"))
 
     mem = res["memory"]
     rows = [["weights float32", fmt_bytes(mem["weights_float32_bytes"])],
             ["weights bfloat16", fmt_bytes(mem["weights_bfloat16_bytes"])]]
-    for b, n in mem["kv_cache_bytes"].items():
+    rows += [[f"weights {f} (jaxlab.quant)", fmt_bytes(n)] for f, n in mem.get("weights_quantized_bytes", {}).items()]
+    for b, n in mem.get("kv_cache_bytes", {}).items():
         rows.append([f"KV cache b{b} ({mem['cache_len']} slots, float32)", fmt_bytes(n)])
-    rows.append(["largest XLA temp buffer (Generator programs)", fmt_bytes(mem["largest_xla_temp_bytes"])])
-    rows.append(["live JAX arrays after decode", fmt_bytes(mem["after_decode"].get("live_arrays_bytes"))])
-    rows.append(["peak RSS, jaxlab only (after warm-up at all batch sizes)", fmt_bytes(mem["peak_rss_jaxlab_bytes"])])
+    if "after_decode" in mem:
+        rows.append(["largest XLA temp buffer (Generator programs)", fmt_bytes(mem["largest_xla_temp_bytes"])])
+        rows.append(["live JAX arrays after decode", fmt_bytes(mem["after_decode"].get("live_arrays_bytes"))])
+        rows.append(["peak RSS, jaxlab only (after warm-up at all batch sizes)", fmt_bytes(mem["peak_rss_jaxlab_bytes"])])
     rows.append(["peak RSS at the end (incl. peer, stages)", fmt_bytes(mem["final"].get("process_peak_rss_bytes"))])
     parts.append(_table(rows, ["memory", "bytes"], "Memory (profile.memory_stats)"))
     return "\n\n".join(parts) + "\n"
+
+
+def render_quant(q: dict) -> str:
+    """The quantized decode rows and, per variant, its ratio at each batch and where it pays."""
+    def vs(r):
+        p = r.get("vs_float32_per_rep") or {}
+        if is_baseline(r):
+            return "(baseline)"
+        if p.get("n", 0) > 1:
+            return f"{fmt_ratio(r['vs_float32'])} ({p['min']:.2f}–{p['max']:.2f})"
+        return fmt_ratio(r["vs_float32"])
+
+    rows = [[r["label"], f"b{r['batch']}", fmt_summary(r["step_s"], 1e3), fmt_summary(r["tokens_per_s"]), vs(r),
+             fmt_bytes(r["bytes_per_step"]), fmt_pct(r.get("bw_roofline_pct")), _num(r["compile_s"])] for r in q["rows"]]
+    steps = (f"Quantized decode: one decode step, {q['steps']} steps per measurement, median of {q['reps']} reps; every "
+             f"variant compiled first, then alternated rep by rep in this process; cache of {q['cache_len']} slots with {q['prompt_len']} filled; "
+             "vs float32 = median over reps of float32's step time / this one's in the same rep (> 1x: faster)")
+    batches = q["batch_sizes"]
+    pays = [[c["label"], *(fmt_ratio(c["ratios"].get(b, c["ratios"].get(str(b)))) for b in batches), c["text"]]
+            for c in q["crossover"]]
+    return "\n\n".join([
+        _table(rows, ["variant", "batch", "step ms", "tok/s", "vs float32", "bytes/step", "% BW roofline", "compile s"], steps),
+        _table(pays, ["variant", *(f"b{b}" for b in batches), "pays (ratio > 1)"],
+               "Where each quantized variant pays: its speed ratio over float32 at each batch size"),
+    ])
+
+
+def render_quality(q: dict) -> str:
+    """The quality table (formats x KV cache against float32), what the reference is, and the per-matrix errors."""
+    sz, kv = q["sizes"], q["kv_cache"]
+    title = (f"Quality against float32: perplexity, KL and top-1 over {q['eval_tokens']:,} predicted tokens of "
+             f"{q['eval_text']} ({sz['windows']} windows x {sz['window']}); greedy agreement over {sz['prompts']} chat "
+             f"prompts x {sz['new_tokens']} tokens, EOS ignored: tokens = quantized argmax on float32's path (the "
+             f"headline), identical = free-running continuations equal to float32's; KV cache at batch {kv['batch']}, "
+             f"{kv['length']} slots; quality = ppl +<= {q['targets']['max_ppl_increase_pct']:g} % and greedy >= "
+             f"{100 * q['targets']['min_greedy_agreement']:g} %")
+    rows = [[r["label"], fmt_bytes(r["weight_bytes"]), fmt_bytes(r["kv_cache_bytes"]), f"{r['perplexity']:.3f}",
+             f"{r['ppl_increase_pct']:+.2f} %", f"{r['kl']:.4f}", f"{100 * r['top1_agreement']:.1f} %",
+             f"{100 * r['greedy_agreement']:.1f} %", f"{r['identical']}/{r['prompts']}", r["status"]] for r in q["rows"]]
+    table = _table(rows, ["variant", "weights", "KV cache", "perplexity", "ppl vs f32", "KL", "top-1",
+                          "greedy tokens", "identical", "quality"], title)
+    notes = "\n".join(f"note        {n}" for n in q["notes"])
+    kinds = list(dict.fromkeys(r["matrix"] for r in q["layer_errors"]))
+    errs = {(r["format"], r["matrix"]): r for r in q["layer_errors"]}
+    formats = list(dict.fromkeys(r["format"] for r in q["layer_errors"]))
+    erows = [[f, *(f"{errs[f, k]['mean']:.2e}" if (f, k) in errs else "-" for k in kinds),
+              f"{max(r['max'] for r in q['layer_errors'] if r['format'] == f):.2e}"] for f in formats]
+    errors = _table(erows, ["format", *kinds, "max"], "Relative weight error |W_q - W| / |W| per matrix kind "
+                    "(mean over layers; max over all matrices)")
+    return "\n\n".join([table + "\n" + notes, errors]) if erows else table + "\n" + notes
 
 
 #: Row labels the report always has (the smoke test checks them); decode rows are "decode b<batch>".
