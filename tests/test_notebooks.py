@@ -21,7 +21,7 @@ import pytest
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 EXPECTED = ["00_setup", "01_jax_essentials", "02_tokenization", "03_flax_model", "04_jit_and_generation",
             "05_kv_cache", "06_batching_and_sampling", "07_profiling_and_compilation", "08_parallelism",
-            "10_speculative_decoding"]
+            "09_quantization", "10_speculative_decoding"]
 IGNORE_TAGS = {"nbval-ignore-output", "nbval-skip"}
 
 
