@@ -12,7 +12,6 @@ row against a 256-slot cache) as float32 and as int8 matmuls. See benchmarks/NOT
 from __future__ import annotations
 
 import argparse
-import time
 from functools import partial
 
 import jax
@@ -20,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxlab import quant
+from jaxlab.quantlab import interleaved_medians
 
 HI = jax.lax.Precision.HIGHEST
 D, F, KV, V, L = 576, 1536, 192, 49152, 30
@@ -66,18 +66,6 @@ def attention(q, k, v, ks=None, vs=None):
     return _int8_bmm(p * vs[:, None], v, 2)
 
 
-def time_side_by_side(fns: dict, args: dict, reps: int) -> dict:
-    for name, f in fns.items():
-        jax.block_until_ready(f(*args[name]))
-    times = {n: [] for n in fns}
-    for _ in range(reps):
-        for name, f in fns.items():
-            t = time.perf_counter()
-            jax.block_until_ready(f(*args[name]))
-            times[name].append(time.perf_counter() - t)
-    return {n: float(np.median(t)) for n, t in times.items()}
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch", default="1,8,32")
@@ -100,7 +88,7 @@ def main(argv=None):
     for b in (int(x) for x in args.batch.split(",")):
         x = jnp.asarray(rng.standard_normal((b, D), np.float32))
         fns = {n: jax.jit(partial(chain, dot)) for n, (dot, _) in variants.items()}
-        res = time_side_by_side(fns, {n: (*w, x) for n, (_, w) in variants.items()}, args.reps)
+        res = interleaved_medians(fns, {n: (*w, x) for n, (_, w) in variants.items()}, args.reps)
         for n, t in res.items():
             print(f"matmul chain  batch {b:3d}  {n:26s} {t * 1e3:8.1f} ms  {res['float32'] / t:5.2f}x float32", flush=True)
         n_kv, g, s, hd = b * 3, 3, 256, 64
@@ -114,7 +102,7 @@ def main(argv=None):
                 q = q + 1e-3 * attention(q, *kv)
             return q
 
-        res = time_side_by_side({"float32": jax.jit(layers), "int8": jax.jit(layers)},
+        res = interleaved_medians({"float32": jax.jit(layers), "int8": jax.jit(layers)},
                                 {"float32": (q, k, v), "int8": (q, k8, v8, ks, vs)}, args.reps)
         for n, t in res.items():
             print(f"attention x30 batch {b:3d}  {n:26s} {t * 1e3:8.1f} ms  {res['float32'] / t:5.2f}x float32", flush=True)

@@ -47,6 +47,19 @@ def generator(smollm):
     return Generator(smollm.params, smollm.tokenizer)
 
 
+@pytest.fixture(scope="module")
+def converted_cache(tmp_path_factory, gguf_path):
+    """A cache folder of the module's own (the user's stays untouched) into which the embedded model's
+    float parameters are converted once: tests of the quantized-parameter cache write next to them."""
+    from jaxlab import loading
+
+    path = tmp_path_factory.mktemp("cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("JAXLAB_CACHE", str(path))
+        loading.load_params()
+    return path
+
+
 @pytest.fixture(scope="session")
 def reference(gguf_path):
     """(model, tokenizer) of Hugging Face transformers on the same GGUF, float32 CPU."""

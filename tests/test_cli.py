@@ -203,16 +203,8 @@ FRANCE = "What is the capital of France?"
 
 
 @pytest.fixture(scope="module")
-def quant_cache_dir(tmp_path_factory, gguf_path):
-    """A cache folder for the quantized parameter files these tests write (the user's stays untouched);
-    the embedded model's float parameters are converted into it once."""
-    from jaxlab import loading
-
-    path = tmp_path_factory.mktemp("cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("JAXLAB_CACHE", str(path))
-        loading.load_params()
-    return path
+def quant_cache_dir(converted_cache):
+    return converted_cache
 
 
 @pytest.fixture

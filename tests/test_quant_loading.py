@@ -16,13 +16,8 @@ from jaxlab.weights import store
 
 
 @pytest.fixture(scope="module")
-def module_cache(tmp_path_factory, gguf_path):
-    """A cache folder for this module, with the embedded model's float parameters converted once."""
-    path = tmp_path_factory.mktemp("cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("JAXLAB_CACHE", str(path))
-        loading.load_params()
-    return path
+def module_cache(converted_cache):
+    return converted_cache
 
 
 @pytest.fixture
