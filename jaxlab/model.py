@@ -373,7 +373,9 @@ def param_shapes(cfg: LlamaConfig, policy: Policy | None = None) -> dict[str, tu
 
 
 def params_from_flat(cfg: LlamaConfig, flat: dict[str, Any], policy: Policy | None = None, source: str = "weights") -> Params:
-    """Build :class:`Params` from ``{canonical name: array}``, checking every name and shape."""
+    """Build :class:`Params` from ``{canonical name: array}``, checking every name and shape. A value
+    may be a :class:`~jaxlab.quant.QuantizedMatrix` (stored ``[out, in]``: a kernel's transpose, the
+    embedding as it is); it is placed as it is."""
     policy = policy or default_policy()
     abstract = nnx.eval_shape(lambda: Llama(cfg, policy, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
@@ -392,9 +394,10 @@ def params_from_flat(cfg: LlamaConfig, flat: dict[str, Any], policy: Policy | No
         name = _path_name(path)
         want = tuple(var.get_value().shape)
         arr = flat[name]
-        if tuple(arr.shape) != want:
-            raise ConfigError(f"{source}: tensor {name} has shape {tuple(arr.shape)}, the config needs {want}")
-        arrays.append(arr if isinstance(arr, jax.Array) else np.asarray(arr, dtype=policy.jnp_dtype))
+        shape = arr.shape if not isinstance(arr, QuantizedMatrix) or name == "embed" else arr.shape[::-1]
+        if tuple(shape) != want:
+            raise ConfigError(f"{source}: tensor {name} has shape {tuple(shape)}, the config needs {want}")
+        arrays.append(arr if isinstance(arr, (jax.Array, QuantizedMatrix)) else np.asarray(arr, dtype=policy.jnp_dtype))
     arrays = jax.device_put(arrays)  # one transfer for the whole tree
     state = nnx.from_flat_state([(p, var.replace(a)) for (p, var), a in zip(flat_state, arrays)])
     return Params(graphdef, state)

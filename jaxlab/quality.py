@@ -289,9 +289,7 @@ def label(weights: str, kv: str) -> str:
 
 def kv_cache_bytes(cfg, batch: int, length: int, cache_dtype) -> int:
     """Bytes of a KV cache (keys, values and, for int8, their scales), without allocating it."""
-    shapes = jax.eval_shape(lambda: init_cache(cfg, batch, length, jnp.int8 if kv_format(cache_dtype) == "int8"
-                                               else jnp.float32))
-    return int(sum(np.prod(a.shape) * a.dtype.itemsize for a in (*shapes.k, *shapes.v, *shapes.k_scale, *shapes.v_scale)))
+    return int(jax.eval_shape(lambda: init_cache(cfg, batch, length, kv_format(cache_dtype))).nbytes())
 
 
 def quality_status(ppl_increase_pct: float, greedy: float) -> str:
@@ -379,7 +377,7 @@ def quality_report(model=None, formats: Sequence[str] = quant.FORMATS, kv_format
         inc = 100.0 * (s["perplexity"] / base_ppl - 1.0)
         rows.append({
             "label": label(w, kv), "weights": w, "kv_cache": kv,
-            "weight_bytes": quant.weight_bytes(params), "kv_cache_bytes": kv_cache_bytes(ref.config, kv_batch, kv_len, kv),
+            "weight_bytes": params.nbytes(), "kv_cache_bytes": kv_cache_bytes(ref.config, kv_batch, kv_len, kv),
             "perplexity": s["perplexity"], "ppl_increase_pct": inc, "kl": s["kl"], "top1_agreement": s["top1_agreement"],
             "greedy_agreement": g["token_agreement"], "identical": g["identical"], "prompts": g["prompts"],
             "first_divergence": g["first_divergence"],

@@ -284,7 +284,7 @@ def smoothing_factors(act_max: np.ndarray, w_oi: np.ndarray, alpha: float) -> np
     return np.clip(s, 1e-4, 1e4).astype(np.float32)
 
 
-SMOOTH_ALPHA = 0.5  # SmoothQuant's default; the lowest KL of 0.3 / 0.4 / 0.5 / 0.55 / 0.7 (NOTES.md §7)
+SMOOTH_ALPHA = 0.5  # SmoothQuant's default; the lowest KL of 0.3 / 0.4 / 0.5 / 0.55 / 0.7 (NOTES.md §8)
 CALIBRATION_WINDOW = 256
 
 
@@ -312,7 +312,7 @@ def quantize_model(params, tokenizer, fmt: str, group: int = DEFAULT_GROUP, *, p
     on :func:`calibration_text` and smoothed (SmoothQuant, ``alpha`` = :data:`SMOOTH_ALPHA`)."""
     check_format(fmt, group)
     stats = calibration_stats(params, tokenizer) if fmt == "w8a8" else None
-    return quantize_params(params, fmt, group, calibration=stats, alpha=SMOOTH_ALPHA, progress=progress)
+    return quantize_params(params, fmt, group, calibration=stats, progress=progress)
 
 
 def quantized_names(params) -> list[str]:
@@ -328,7 +328,7 @@ def embedding_format(fmt: str) -> str:
 
 
 def quantize_params(params, fmt: str, group: int = DEFAULT_GROUP, *, embed: str | None = None,
-                    calibration: dict | None = None, alpha: float = 0.5, progress: bool | None = None):
+                    calibration: dict | None = None, alpha: float = SMOOTH_ALPHA, progress: bool | None = None):
     """Float :class:`~jaxlab.model.Params` -> the same model with quantized matrices (same graph,
     so ``forward`` and ``Generator`` take them unchanged). ``embed``: the embedding's format
     (default :func:`embedding_format`; "float32" keeps it float)."""
@@ -345,13 +345,12 @@ def quantize_params(params, fmt: str, group: int = DEFAULT_GROUP, *, embed: str 
                           f"these are {params.policy.dtype}")
     names = set(quantized_names(params))
     flat_state = nnx.to_flat_state(params.state)
-    already = [n for p, v in flat_state if isinstance(v.get_value(), QuantizedMatrix) for n in [_path_name(p)]]
+    already = [_path_name(p) for p, v in flat_state if isinstance(v.get_value(), QuantizedMatrix)]
     if already:
         raise ConfigError(f"parameters are already quantized ({already[0]} ...); quantize float parameters")
-    items = list(flat_state)
     bar = _progress(len(names), f"quantizing to {fmt}", progress)
     out = []
-    for path, var in items:
+    for path, var in flat_state:
         name = _path_name(path)
         value = var.get_value()
         mfmt = embed if name == "embed" else fmt
@@ -421,11 +420,10 @@ def save(path: Path, params) -> None:
 
 def load(path: Path, policy=None):
     """Read what :func:`save` wrote -> :class:`~jaxlab.model.Params`."""
-    from flax import nnx
     from safetensors import safe_open
 
     from .config import LlamaConfig
-    from .model import Llama, Params, _path_name, default_policy
+    from .model import params_from_flat
 
     try:
         with safe_open(str(path), framework="numpy") as f:
@@ -437,33 +435,26 @@ def load(path: Path, policy=None):
             arrays = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as e:
         raise ModelFileError(f"quantized parameter file {path} is unreadable ({e}); delete it to rebuild") from None
-    policy = policy or default_policy()
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: Llama(cfg, policy, rngs=nnx.Rngs(0))))
-    out = []
-    for p, var in nnx.to_flat_state(state):
-        name = _path_name(p)
-        if name in groups:
-            zero, smooth = arrays.get(f"{name}.zero"), arrays.get(f"{name}.smooth")
-            mfmt, group = groups[name]
-            value = QuantizedMatrix(jnp.asarray(arrays[f"{name}.q"]), jnp.asarray(arrays[f"{name}.scale"]),
-                                    None if zero is None else jnp.asarray(zero), mfmt, int(group),
-                                    None if smooth is None else jnp.asarray(smooth))
-        elif name in arrays:
-            value = jnp.asarray(arrays[name])
-        else:
-            raise ModelFileError(f"quantized parameter file {path} lacks {name}; delete it to rebuild")
-        out.append((p, var.replace(value)))
-    return Params(graphdef, nnx.from_flat_state(out))
+    def part(key):
+        return jnp.asarray(arrays[key]) if key in arrays else None
+
+    flat = {}
+    for name, (mfmt, group) in groups.items():
+        q, scale = part(f"{name}.q"), part(f"{name}.scale")
+        if q is None or scale is None:
+            raise ModelFileError(f"quantized parameter file {path} lacks {name}.q or .scale; delete it to rebuild")
+        flat[name] = QuantizedMatrix(q, scale, part(f"{name}.zero"), mfmt, int(group), part(f"{name}.smooth"))
+    stored = {f"{n}.{p}" for n in groups for p in ("q", "scale", "zero", "smooth")}
+    flat.update((k, v) for k, v in arrays.items() if k not in stored)
+    try:
+        return params_from_flat(cfg, flat, policy, source=str(path))
+    except ConfigError as e:
+        raise ModelFileError(f"quantized parameter file {path} does not fit its config ({e}); delete it to rebuild") from None
 
 
 # --------------------------------------------------------------------------------------------------
 # Reports
 # --------------------------------------------------------------------------------------------------
-
-
-def weight_bytes(params) -> int:
-    """Bytes of every parameter array (quantized matrices count their int and scale arrays)."""
-    return sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(params.state))
 
 
 def layer_errors(float_params, quant_params) -> list[tuple[str, float]]:

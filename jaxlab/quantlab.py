@@ -298,7 +298,7 @@ def memory_rows(params_by_format: dict, cfg, kv_batch: int = 32, kv_len: int = 2
     base = None
     rows = []
     for label, params in params_by_format.items():
-        b = quant.weight_bytes(params)
+        b = params.nbytes()
         base = base or b
         rows.append({"what": f"weights, {label}", "MB": b / 1e6, "vs float32": base / b})
     kv_base = None

@@ -56,12 +56,11 @@ from typing import Mapping, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from .errors import InvalidRequestError
 from .generate import CACHE_BUCKETS, PREFILL_BUCKETS, Generator
 from .kvcache import KVCache, init_cache, left_pad, rollback
-from .model import Llama, Params, Policy, _path_name, cast_params, forward, rope_cos_sin
+from .model import Params, Policy, cast_params, forward, params_from_flat, rope_cos_sin
 from .profile import CompileCounter
 from .sampling import SamplingParams, filter_logits, sample
 
@@ -169,13 +168,9 @@ def draft_params(params: Params, layers: int | None = None, dtype: str | None = 
     per = _DRAFT_CACHE.setdefault(params, {})
     key = (layers, dtype)
     if key not in per:
-        flat = params.flat()
-        # the smaller model's tree, filled by name: its names are a subset of the target's, and the arrays
-        # (float kernels or the int arrays of QuantizedMatrix leaves) are shared with the target, not copied
-        graphdef, state = nnx.split(nnx.eval_shape(
-            lambda: Llama(cfg.replace(n_layers=layers, name=f"{cfg.name}-first{layers}"), policy, rngs=nnx.Rngs(0))))
-        small = Params(graphdef, nnx.from_flat_state([(p, v.replace(flat[_path_name(p)]))
-                                                      for p, v in nnx.to_flat_state(state)]))
+        flat = {n: a for n, a in params.flat().items()
+                if not n.startswith("layers.") or int(n.split(".")[1]) < layers}
+        small = params_from_flat(cfg.replace(n_layers=layers, name=f"{cfg.name}-first{layers}"), flat, policy)
         if dtype is not None and dtype != policy.dtype:
             small = cast_params(small, Policy(dtype, "default" if dtype != "float32" else "highest"))
         per[key] = small

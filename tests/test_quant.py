@@ -328,3 +328,14 @@ def test_calibrated_w8a8_beats_plain_w8a8_on_the_embedded_model(smollm):
     calibrated = quant.quantize_model(smollm.params, tok, "w8a8")
     assert calibrated.flat()["layers.3.mlp.w_down"].smooth is not None
     assert kl(calibrated) < 0.7 * plain
+
+
+def test_params_from_flat_places_quantized_matrices_and_checks_their_shape():
+    cfg = tiny()
+    q = quant.quantize_params(init_params(cfg, 7), "int8")
+    flat = q.flat()
+    back = params_from_flat(cfg, flat, q.policy)
+    assert jax.tree.structure(back) == jax.tree.structure(q) and back.quant == "int8"
+    wrong = dict(flat, **{"layers.0.attn.wq": flat["layers.0.attn.wk"]})  # [kv_dim, dim] where [dim, dim] belongs
+    with pytest.raises(ConfigError, match="layers.0.attn.wq has shape"):
+        params_from_flat(cfg, wrong, q.policy)
