@@ -10,9 +10,15 @@
 GGUF weights are dequantized once and cached as a float32 safetensors file (see
 :mod:`jaxlab.weights.store`), so later loads take well under 2 s.
 
+``dtype="auto"`` (the default) is the backend's default (:func:`jaxlab.model.backend_default_dtype`):
+float32 on a CPU (the parity path), bfloat16 on TPU and on GPUs of compute capability >= 8.0, float32 on
+older GPUs; "float32" or "bfloat16" override it.
+
 ``quant="int8" | "int4" | "w8a8"`` (:mod:`jaxlab.quant`) quantizes the float32 parameters once and
 caches the result beside the float file (GGUF files and local folders; a hub id is quantized on every
-load), so a later load reads the quantized file without touching the float weights.
+load), so a later load reads the quantized file without touching the float weights. A quantized model
+computes in float32 on every backend (:data:`jaxlab.quant.COMPUTES_IN`), so ``dtype="auto"`` with
+``quant`` means float32.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from typing import Any
 
 from . import assets, quant as quantization
 from .errors import ConfigError, ModelFileError
-from .model import Params, default_policy, params_from_flat
+from .model import Params, backend_default_dtype, default_policy, params_from_flat
 from .weights import store
 
 
@@ -65,12 +71,21 @@ def resolve(model: str | os.PathLike | None) -> tuple[str, Path | str]:
     )
 
 
-def check_quant(quant: str | None, group_size: int = quantization.DEFAULT_GROUP, dtype: str = "float32") -> None:
+def resolve_dtype(dtype: str = "auto", quant: str | None = None, backend: str | None = None) -> str:
+    """The dtype a load will use: ``dtype`` itself, or for "auto" the backend's default — float32 when
+    ``quant`` is set, since a quantized model computes in float32 on every backend."""
+    if dtype != "auto":
+        return dtype
+    return "float32" if quant is not None else backend_default_dtype(backend)
+
+
+def check_quant(quant: str | None, group_size: int = quantization.DEFAULT_GROUP, dtype: str = "auto") -> None:
     """Raise :class:`ConfigError` for a quantization request that cannot run."""
     quantization.check_format(quant, group_size)
-    if quant is not None and dtype != "float32":
-        raise ConfigError(f"quantization ({quant}) starts from float32 parameters and computes in float32; "
-                          f"load with dtype='float32' (drop dtype={dtype!r})")
+    if quant is not None and dtype not in ("float32", "auto"):
+        raise ConfigError(f"quantization ({quant}) starts from float32 parameters and computes in "
+                          f"{quantization.COMPUTES_IN[quant]}; load with dtype='float32' (drop dtype={dtype!r}); "
+                          "dtype='auto' loads float32 with quant")
 
 
 def quant_cache_key(quant: str, group_size: int = quantization.DEFAULT_GROUP) -> str:
@@ -113,13 +128,14 @@ def _float_params(kind, loc, policy, progress, use_cache):
     return params_from_flat(cfg, flat, policy, source=str(loc))
 
 
-def load_params(model=None, dtype: str = "float32", progress: bool | None = None, use_cache: bool = True,
+def load_params(model=None, dtype: str = "auto", progress: bool | None = None, use_cache: bool = True,
                 quant: str | None = None, group_size: int = quantization.DEFAULT_GROUP):
     """-> (Params, kind, location). Converted GGUF parameters are cached in the cache folder, and so are
-    quantized ones (``quant``: one of :data:`jaxlab.quant.FORMATS`; ``group_size``: int4 only)."""
+    quantized ones (``quant``: one of :data:`jaxlab.quant.FORMATS`; ``group_size``: int4 only).
+    ``dtype``: "auto" (the backend's default, see :func:`resolve_dtype`), "float32" or "bfloat16"."""
     check_quant(quant, group_size, dtype)
     kind, loc = resolve(model)
-    policy = default_policy(dtype)
+    policy = default_policy(resolve_dtype(dtype, quant))
     qfile = None
     if quant is not None and use_cache and kind != "hub":
         extra = quant_cache_key(quant, group_size)
@@ -152,10 +168,12 @@ def load_tokenizer(kind: str, loc):
     return Tokenizer.from_hf(loc)
 
 
-def load(model: str | os.PathLike | None = None, dtype: str = "float32", progress: bool | None = None,
+def load(model: str | os.PathLike | None = None, dtype: str = "auto", progress: bool | None = None,
          quant: str | None = None, group_size: int = quantization.DEFAULT_GROUP) -> Model:
     """Load a model and its tokenizer (see the module docstring for what ``model`` may be);
-    ``quant`` ("int8", "int4", "w8a8") gives quantized parameters, cached after the first load."""
+    ``dtype="auto"`` is the backend's default (float32 on a CPU, bfloat16 on TPU and GPUs with bfloat16
+    tensor cores); ``quant`` ("int8", "int4", "w8a8") gives quantized parameters, cached after the
+    first load, computing in float32."""
     params, kind, loc = load_params(model, dtype=dtype, progress=progress, quant=quant, group_size=group_size)
     return Model(params=params, tokenizer=load_tokenizer(kind, loc), source=str(model or assets.DEFAULT_MODEL),
                  path=Path(loc) if kind != "hub" else None)

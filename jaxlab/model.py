@@ -50,7 +50,9 @@ PRECISIONS = {
 class Policy:
     """How the model stores and computes: parameter/activation dtype and matmul precision.
 
-    Norms, softmax and logits are always float32. ``precision`` is passed to every matmul explicitly,
+    Norms, softmax and logits are always float32, and so are the outputs of the attention matmuls and
+    the output head (``preferred_element_type``); the linear layers return ``dtype`` (TPU and GPU
+    accumulate bfloat16 dots in float32 and round once). ``precision`` is passed to every matmul explicitly,
     so results do not depend on a global flag: on TPU, "default" float32 matmuls run in bfloat16
     passes and on recent GPUs in TF32, either of which breaks float32 parity with the reference.
     """
@@ -73,10 +75,63 @@ class Policy:
         return PRECISIONS[self.precision]
 
 
+BF16_MIN_COMPUTE_CAPABILITY = (8, 0)  # Ampere (A100, sm 80) and later have bfloat16 tensor cores
+
+
+def _compute_capability(device) -> tuple[int, int] | None:
+    """(major, minor) of a CUDA device, from ``device.compute_capability`` ("8.0"); None when the device
+    has no such attribute (ROCm, a CPU, an older jaxlib) or it does not parse."""
+    raw = getattr(device, "compute_capability", None)
+    try:
+        major, minor = (str(raw).split(".") + ["0"])[:2]
+        return int(major), int(minor)
+    except (TypeError, ValueError):
+        return None
+
+
+def backend_numerics(backend: str | None = None, device: Any = None) -> dict:
+    """The default numerics of a backend, and why: {"backend", "dtype", "precision", "reason"}.
+
+    * cpu: float32 at "highest" precision, the parity path (logits within 1e-4 of the reference);
+    * tpu: bfloat16 weights and activations (the MXU's native input; it accumulates in float32);
+    * gpu: bfloat16 from compute capability 8.0 (A100, L4, H100: bfloat16 tensor cores), else float32.
+      A T4 (sm 7.5) has float16 but no bfloat16 tensor cores; float16 might be faster there, but it is
+      unmeasured in this lab and overflows more easily, so a T4 keeps float32 (parity) until measured.
+
+    ``device`` (default ``jax.devices()[0]``) is read for its platform and compute capability;
+    ``backend`` overrides the platform (tests pass fake devices and backends)."""
+    if backend is None:
+        backend = getattr(device, "platform", None) if device is not None else jax.default_backend()
+    backend = {"cuda": "gpu", "rocm": "gpu"}.get(str(backend).lower(), str(backend).lower())
+    if backend == "tpu":
+        dtype, reason = "bfloat16", "TPU: bfloat16 is the MXU's native input (float32 accumulation)"
+    elif backend == "gpu":
+        if device is None:
+            devices = jax.devices() if jax.default_backend() == "gpu" else []
+            device = devices[0] if devices else None
+        cc = _compute_capability(device)
+        if cc is not None and cc >= BF16_MIN_COMPUTE_CAPABILITY:
+            dtype, reason = "bfloat16", f"GPU sm {cc[0]}{cc[1]}: bfloat16 tensor cores (float32 accumulation)"
+        elif cc is not None:
+            dtype, reason = "float32", f"GPU sm {cc[0]}{cc[1]} < 80: no bfloat16 tensor cores; float32 (float16 unmeasured)"
+        else:
+            dtype, reason = "float32", "GPU of unknown compute capability: float32 (the parity path)"
+    else:
+        dtype, reason = "float32", f"{backend}: float32 at highest precision (the parity path)"
+    return {"backend": backend, "dtype": dtype, "precision": default_policy(dtype).precision, "reason": reason}
+
+
+def backend_default_dtype(backend: str | None = None, device: Any = None) -> str:
+    """What ``dtype="auto"`` means here: "float32" or "bfloat16" (see :func:`backend_numerics`)."""
+    return backend_numerics(backend, device)["dtype"]
+
+
 def default_policy(dtype: str = "float32", backend: str | None = None) -> Policy:
     """The per-backend default: float32 runs at "highest" precision everywhere (parity first);
-    bfloat16 runs at "default" precision, which is already exact for bfloat16 inputs."""
-    backend = backend or jax.default_backend()
+    bfloat16 runs at "default" precision, which is already exact for bfloat16 inputs.
+    ``dtype="auto"`` is the backend's default dtype (:func:`backend_default_dtype`)."""
+    if dtype == "auto":
+        dtype = backend_default_dtype(backend)
     if dtype == "float32":
         return Policy(dtype, "highest")
     return Policy(dtype, "default")
@@ -192,7 +247,9 @@ class Attention(nnx.Module):
         if k_scale is not None:
             scores = _int8_bmm(q, k, 2) * k_scale[:, None, :]
         else:
-            scores = jnp.einsum("nqd,nsd->nqs", q, k.astype(q.dtype), precision=pol.lax_precision)
+            # float32 out: under bfloat16 the scores would otherwise be rounded to 8 bits before the softmax
+            scores = jnp.einsum("nqd,nsd->nqs", q, k.astype(q.dtype), precision=pol.lax_precision,
+                                preferred_element_type=jnp.float32)
         s_len = scores.shape[-1]
         scores = scores.astype(jnp.float32).reshape(b, cfg.n_kv_heads, cfg.q_per_kv, t, s_len) * (cfg.head_dim ** -0.5)
         visible = (key_positions[:, None, :] >= 0) & (key_positions[:, None, :] <= positions[:, :, None])
@@ -201,7 +258,8 @@ class Attention(nnx.Module):
         if v_scale is not None:  # fold each value vector's scale into its attention weight
             out = _int8_bmm(probs * v_scale[:, None, :], v, 2)  # [B*KVH, G*T, Hd]
         else:
-            out = jnp.einsum("nqs,nds->nqd", probs.astype(v.dtype), v, precision=pol.lax_precision)
+            out = jnp.einsum("nqs,nds->nqd", probs.astype(v.dtype), v, precision=pol.lax_precision,
+                             preferred_element_type=jnp.float32)
         out = out.reshape(b, cfg.n_kv_heads, cfg.q_per_kv, t, cfg.head_dim).transpose(0, 3, 1, 2, 4)
         out = out.reshape(b, t, cfg.n_heads * cfg.head_dim).astype(x.dtype)
         return _dense(out, self.wo.get_value(), pol), new_kv
@@ -290,7 +348,9 @@ class Llama(nnx.Module):
             if not isinstance(embed, jax.Array):
                 logits = embed.dot(x)
             else:
-                logits = jnp.einsum("btd,vd->btv", x, embed.astype(x.dtype), precision=self.policy.lax_precision)
+                # float32 out: bfloat16 logits (8 bits) would turn near-ties at the argmax into coin flips
+                logits = jnp.einsum("btd,vd->btv", x, embed.astype(x.dtype), precision=self.policy.lax_precision,
+                                    preferred_element_type=jnp.float32)
         else:
             logits = _dense(x, self.lm_head.get_value(), self.policy)
         logits = logits.astype(jnp.float32)

@@ -39,7 +39,7 @@ from .generate import decode_on_device
 from .kvcache import init_cache, left_pad, rollback
 from .model import Params, forward
 
-EVAL_DIR = assets.data_dir() / "eval"  # the repository's data/eval (JAXLAB_DATA on Colab)
+EVAL_DIR = assets.data_dir() / "eval"  # data/eval: in the wheel, or a clone's (JAXLAB_DATA overrides)
 EVAL_TEXT = EVAL_DIR / "stdlib.txt"
 PROMPTS = EVAL_DIR / "prompts.json"
 MAX_PPL_INCREASE_PCT = 1.0  # the quality targets
@@ -346,7 +346,7 @@ def quality_report(model=None, formats: Sequence[str] = quant.FORMATS, kv_format
 
     log = log or (lambda msg: None)
     t0 = time.perf_counter()
-    m = loaded if loaded is not None else load(model)
+    m = loaded if loaded is not None else load(model, dtype="float32")  # the float32 reference, on every backend
     kind = resolve(model)[0] if loaded is None else ("gguf" if str(m.path or "").endswith(".gguf") else "other")
     ref, tok = m.params, m.tokenizer
     quantized = dict(quantized or {})
