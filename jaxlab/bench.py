@@ -5,7 +5,9 @@ is a *ratio* of two things measured side by side in the same process, minutes ap
 
 * against this machine's own **ceilings**, measured in the same run: memory bandwidth (read + write
   bytes of a >= 1 GiB copy, :func:`jaxlab.profile.measure_bandwidth`) and float32 matmul FLOP/s
-  (:func:`jaxlab.profile.measure_matmul_flops`);
+  (:func:`jaxlab.profile.measure_matmul_flops`; a bfloat16 matmul is measured beside it);
+* on a known accelerator, also against the chip's **published peaks** (:mod:`jaxlab.hardware`: bfloat16
+  dense FLOP/s and memory bandwidth from the vendor's pages), each figure as % of both;
 * against a **peer**: Hugging Face ``transformers`` (PyTorch eager, float32, CPU) running ``generate``
   on the same GGUF weights, the same prompts and batch sizes, greedy, EOS ignored; its greedy tokens are
   compared with ours row by row.
@@ -19,7 +21,9 @@ quality targets. ``--quant-only`` measures only these.
 Method: every timed quantity is measured ``--reps`` times after a warm-up (compiled programs, touched
 memory) and reported as the median with the min-max spread; every JAX timing ends with a host transfer
 or ``block_until_ready``. Time to first token runs in fresh child processes with an empty (cold) and
-then a filled (warm) persistent compilation cache. See ``benchmarks/README.md``.
+then a filled (warm) persistent compilation cache, before this process starts its own backend (a TPU
+belongs to one process: a child started later would measure the CPU; if it did, the figure says so).
+See ``benchmarks/README.md``.
 
 The pure helpers (:func:`summarize`, :func:`bandwidth_roofline_pct`, :func:`evaluate_targets`, ...)
 need no model and are unit-tested; :func:`run_bench` does the measuring and :func:`render` the table.
@@ -304,6 +308,15 @@ def bandwidth_roofline_pct(bytes_per_step: float, step_seconds: float, bandwidth
 def compute_pct(flops: float, seconds: float, peak_flops: float) -> float:
     """Achieved FLOP/s as % of the matmul ceiling."""
     return 100.0 * flops / seconds / peak_flops
+
+
+def published_peaks(chip) -> dict | None:
+    """A :class:`jaxlab.hardware.Chip`'s datasheet peaks per jax device, as the report stores them (None: no chip)."""
+    if chip is None:
+        return None
+    return {"chip": chip.name, "flops_per_s": chip.device_peak_flops, "dtype": chip.peak_dtype,
+            "bandwidth_bytes_per_s": chip.device_bandwidth, "devices_per_chip": chip.devices_per_chip,
+            "source": chip.source}
 
 
 def matmul_params(cfg) -> tuple[int, int]:
@@ -768,13 +781,18 @@ def estimate_seconds(opts: dict, peak_flops: float, weight_bytes: float, n_param
 
 
 def _ttft_children(prompt_len: int, reps: int, log) -> dict:
-    """Cold and warm time to first token, each in a fresh process (see :func:`ttft_child`)."""
+    """Cold and warm time to first token, each in a fresh process (see :func:`ttft_child`).
+
+    The children get this process's accelerator when they can (:func:`jaxlab.hardware.child_env`);
+    ``backend`` is the one they ran on and ``note`` labels it when it is not this process's."""
+    from . import hardware
+
     cold, warm, runs = [], [], []
     for rep in range(reps):
         with tempfile.TemporaryDirectory(prefix="jaxlab-ttft-") as cache:
             for kind in ("cold", "warm"):
                 log(f"time to first token: {kind} child process, rep {rep + 1}/{reps}")
-                env = dict(os.environ, JAXLAB_COMPILE_CACHE=cache)
+                env = dict(hardware.child_env(), JAXLAB_COMPILE_CACHE=cache)
                 cmd = [sys.executable, "-m", "jaxlab.bench", "--ttft-child", "--prompt-len", str(prompt_len)]
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900,
                                       cwd=str(Path(__file__).resolve().parent.parent))
@@ -786,20 +804,32 @@ def _ttft_children(prompt_len: int, reps: int, log) -> dict:
                 r.update(kind=kind, rep=rep)
                 runs.append(r)
                 (cold if kind == "cold" else warm).append(r["ttft_s"])
-    return {"cold": summarize(cold), "warm": summarize(warm), "runs": runs}
+    backends = sorted({r.get("backend", "unknown") for r in runs})
+    return {"cold": summarize(cold), "warm": summarize(warm), "runs": runs, "backend": ",".join(backends),
+            "note": ttft_note(backends)}
+
+
+def ttft_note(child_backends: Sequence[str], parent_backend: str | None = None) -> str | None:
+    """The label of the TTFT figures when a child ran on another backend than this process (None if none did)."""
+    from .hardware import figure_note
+
+    notes = [n for n in (figure_note(b, parent_backend) for b in child_backends) if n]
+    return "; ".join(dict.fromkeys(notes)) or None
 
 
 def ttft_child(prompt_len: int) -> dict:
     """Run in a fresh process: enable the persistent compilation cache (folder from
     ``JAXLAB_COMPILE_CACHE``), load the model (not timed), then time ``Generator.generate([ids], 1)``."""
     t_start = time.perf_counter()
+    import jax
+
     from . import compile_cache
     from .generate import Generator
     from .loading import load
     from .profile import CompileCounter
 
     folder = compile_cache.enable()
-    m = load()
+    m = load(dtype="float32")  # as the parent's rows
     gen = Generator(m.params, m.tokenizer)
     ids = make_prompts(m.tokenizer.encode(TEXT), 1, prompt_len)[0]
     t_loaded = time.perf_counter()
@@ -809,7 +839,8 @@ def ttft_child(prompt_len: int) -> dict:
         ttft = time.perf_counter() - t0
     return {"ttft_s": ttft, "compile_s": r[0].compile_seconds, "prefill_s": r[0].prefill_seconds,
             "compiles": cc.count, "cache_hits": cc.cache_hits, "first_token": r[0].generated_ids[0],
-            "startup_s": t_loaded - t_start, "cache_dir": str(folder)}
+            "startup_s": t_loaded - t_start, "cache_dir": str(folder), "backend": jax.default_backend(),
+            "device_kind": jax.devices()[0].device_kind}
 
 
 def run_bench(opts: dict, log=None) -> dict:
@@ -817,17 +848,23 @@ def run_bench(opts: dict, log=None) -> dict:
     log = log or _Progress()
     t_run = time.perf_counter()
     import jax
+    import jax.numpy as jnp
 
     from . import __version__, profile
     from .generate import CACHE_BUCKETS, bucket
     from .loading import load
 
+    from . import hardware
+
     P, N, reps = opts["prompt_len"], opts["new_tokens"], opts["reps"]
     batch_sizes = opts["batch_sizes"]
     res: dict[str, Any] = {"options": {k: (list(v) if isinstance(v, tuple) else v) for k, v in opts.items()}}
+    ttft_first = opts["ttft"] and not hardware.backend_started()
+    if ttft_first:  # before this process takes the accelerator: the children measure it, not the CPU
+        res["ttft"] = _ttft_children(P, reps, log)
 
     log(f"loading the model ({opts['model'] or 'embedded SmolLM2-135M'}, float32)")
-    m = load(opts["model"])
+    m = load(opts["model"], dtype="float32")  # the float32 rows on every backend; bfloat16 is its own stage
     params, tok = m.params, m.tokenizer
     cfg = params.config
     weight_bytes = params.nbytes()
@@ -866,6 +903,7 @@ def run_bench(opts: dict, log=None) -> dict:
     log(f"ceilings: copy of {opts['bandwidth_mib']} MiB, {opts['matmul_n']}^2 matmul")
     bws = [profile.measure_bandwidth(opts["bandwidth_mib"] << 20, repeats=ceil_reps)]
     peaks.append(profile.measure_matmul_flops(opts["matmul_n"], repeats=ceil_reps))
+    peaks_bf16 = [profile.measure_matmul_flops(opts["matmul_n"], jnp.bfloat16, repeats=ceil_reps)]
 
     # ---- the peer ------------------------------------------------------------------------------
     peer = None
@@ -891,6 +929,7 @@ def run_bench(opts: dict, log=None) -> dict:
     res["meta"] = {
         "jaxlab": __version__, "versions": _versions(), "backend": jax.default_backend(),
         "device": str(dev), "device_kind": dev.device_kind, "cpu": _cpu_name(), "python": platform.python_version(),
+        "chip": hardware.describe_peaks(hardware.chip_for(dev.device_kind), dev.device_kind),
         "threads": _threads_info(peer is not None), "load_average_start": os.getloadavg(),
         "persistent_compile_cache": persistent,
         "model": "SmolLM2-135M-Instruct (embedded GGUF, Q4_1 dequantized)" if opts["model"] is None
@@ -920,21 +959,29 @@ def run_bench(opts: dict, log=None) -> dict:
     log("ceilings again, at the end")
     bws.append(profile.measure_bandwidth(opts["bandwidth_mib"] << 20, repeats=ceil_reps))
     peaks.append(profile.measure_matmul_flops(opts["matmul_n"], repeats=ceil_reps))
+    peaks_bf16.append(profile.measure_matmul_flops(opts["matmul_n"], jnp.bfloat16, repeats=ceil_reps))
     res["ceilings"] = ceilings = {
         "bandwidth_bytes_per_s": max(bws), "bandwidth_samples": bws, "bandwidth_copy_bytes": opts["bandwidth_mib"] << 20,
         "matmul_flops_per_s": max(peaks), "matmul_samples": peaks, "matmul_n": opts["matmul_n"],
         "ridge_flop_per_byte": max(peaks) / max(bws),
+        "matmul_bf16_flops_per_s": max(peaks_bf16), "matmul_bf16_samples": peaks_bf16,
+        "published": published_peaks(hardware.chip_for(dev.device_kind)),
         "method": "each sample is the best of max(3, reps) synchronized runs; samples are taken at the start, after "
                   "the compile warm-up and at the end of the run, and the ceiling is the largest (the best this machine "
                   "showed during the run); bandwidth = (read + write bytes) / time of a donated x + 1 over float32 x; "
-                  "compute = 2 n^3 / time of an n x n float32 matmul at Precision.HIGHEST",
+                  "compute = 2 n^3 / time of an n x n float32 matmul at Precision.HIGHEST (and the same in bfloat16, "
+                  "float32 accumulation: what accelerators publish their peaks in; XLA:CPU computes it in float32); "
+                  "published = the chip's datasheet peaks per jax device (jaxlab.hardware), None on a CPU",
     }
     if opts["float"]:
         add_rooflines(res, ceilings)
     if res["quant"]:
+        pub = ceilings["published"]
         for r in res["quant"]["rows"]:
             r["bw_roofline_pct"] = bandwidth_roofline_pct(r["bytes_per_step"], r["step_s"]["median"],
                                                           ceilings["bandwidth_bytes_per_s"])
+            r["published_bw_pct"] = (bandwidth_roofline_pct(r["bytes_per_step"], r["step_s"]["median"],
+                                                            pub["bandwidth_bytes_per_s"]) if pub else None)
 
     # ---- compile times ---------------------------------------------------------------------------
     res["compile"] = ((gen.compile_log if gen else []) + [c for s in res["stages"] for c in s.pop("_compile_log", [])]
@@ -956,10 +1003,10 @@ def run_bench(opts: dict, log=None) -> dict:
                     "later snapshots include both",
         })
 
-    # ---- time to first token ----------------------------------------------------------------------
-    if opts["ttft"]:
+    # ---- time to first token (here only if this process already held its device at the start) -------
+    if opts["ttft"] and not ttft_first:
         res["ttft"] = _ttft_children(P, reps, log)
-    else:
+    elif not opts["ttft"]:
         res["ttft"] = None
 
     res["memory"]["final"] = profile.memory_stats()
@@ -1203,16 +1250,19 @@ def add_rooflines(res: dict, ceilings: dict) -> None:
     from .profile import Roofline
 
     bw, peak = ceilings["bandwidth_bytes_per_s"], ceilings["matmul_flops_per_s"]
+    pub = ceilings.get("published")
     roof = Roofline(bw, peak)
     pre = res["prefill"]
     pre["matmul_ceiling_pct"] = compute_pct(pre["flops_model"], pre["ours_s"]["median"], peak)
     pre["peer_matmul_ceiling_pct"] = compute_pct(pre["flops_model"], pre["peer_s"]["median"], peak) if pre["peer_s"] else None
+    pre["published_flops_pct"] = compute_pct(pre["flops_model"], pre["ours_s"]["median"], pub["flops_per_s"]) if pub else None
     for d in res["decode"]:
         step_s = d["ours_step_s"]["median"]
         nbytes, flops = d["bytes_per_step"], d["flops_per_step"]
         d["bw_roofline_pct"] = bandwidth_roofline_pct(nbytes, step_s, bw)
         d["roofline_bound"] = roof.bound(flops, nbytes)
         d["roofline_pct"] = 100.0 * roof.fraction(flops, nbytes, step_s)
+        d["published_bw_pct"] = bandwidth_roofline_pct(nbytes, step_s, pub["bandwidth_bytes_per_s"]) if pub else None
 
 
 def _stages(opts, params, tok, gen, row0, ref_tokens, cache_len, log,
@@ -1447,7 +1497,10 @@ def render(res: dict) -> str:
         f"copy; samples {', '.join(f'{x / 1e9:.1f}' for x in ceil['bandwidth_samples'])}), matmul "
         f"{ceil['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s ({ceil['matmul_n']}^2 float32; samples "
         f"{', '.join(f'{x / 1e9:.0f}' for x in ceil['matmul_samples'])}); best sample of the run; "
-        f"ridge {ceil['ridge_flop_per_byte']:.1f} FLOP/B",
+        f"ridge {ceil['ridge_flop_per_byte']:.1f} FLOP/B"
+        + (f"; bfloat16 matmul {ceil['matmul_bf16_flops_per_s'] / 1e9:.1f} GFLOP/s"
+           if ceil.get("matmul_bf16_flops_per_s") else ""),
+        "published   " + published_line(ceil.get("published"), ceil, meta.get("device_kind", "cpu")),
         f"method      median of {reps} rep{'s' if reps != 1 else ''} (min-max in brackets) after warm-up; prompts "
         f"{opts['prompt_len']} tokens (windows of a fixed text, one per row); {opts['new_tokens']} new tokens, EOS ignored, greedy",
         f"peer        {res['peer']['what'] if peer_on else res['peer']['reason']}",
@@ -1461,6 +1514,7 @@ def render(res: dict) -> str:
         head.append(f"note        persistent compilation cache on ({meta['persistent_compile_cache']}): compile times may be cache loads")
     parts = ["\n".join(head)]
 
+    pub = ceil.get("published")
     pre = res["prefill"]
     if pre:
         rows = [["jaxlab (jit)", fmt_summary(pre["ours_tokens_per_s"]), fmt_summary(pre["ours_s"], 1e3),
@@ -1468,7 +1522,12 @@ def render(res: dict) -> str:
         if pre["peer_s"]:
             rows.append(["transformers", fmt_summary(pre["peer_tokens_per_s"]), fmt_summary(pre["peer_s"], 1e3),
                          fmt_pct(pre["peer_matmul_ceiling_pct"]), "1.00x"])
-        parts.append(_table(rows, ["prefill", "tok/s", "ms", "% matmul ceiling", "vs transformers"],
+        headers = ["prefill", "tok/s", "ms", "% matmul ceiling", "vs transformers"]
+        if pub:  # the peer runs on the CPU: no accelerator percentage for it
+            headers.insert(4, f"% {pub['chip']} {pub['dtype']} peak")
+            for r in rows:
+                r.insert(4, fmt_pct(pre.get("published_flops_pct")) if r[0] == "jaxlab (jit)" else "-")
+        parts.append(_table(rows, headers,
                             f"Prefill: batch 1, {pre['prompt_len']}-token prompt, generate(max_new_tokens=1) wall time; "
                             f"FLOPs = model count ({pre['flops_model'] / 1e9:.2f} GFLOP"
                             + (f"; XLA's cost analysis of the padded program: {pre['xla_flops'] / 1e9:.2f}" if pre.get("xla_flops") else "")
@@ -1481,8 +1540,13 @@ def render(res: dict) -> str:
                          fmt_ratio(d["vs_peer"]), fmt_summary(d["ours_step_s"], 1e3), fmt_bytes(d["bytes_per_step"]),
                          fmt_pct(d["bw_roofline_pct"]), f"{fmt_pct(d['roofline_pct'])} {d['roofline_bound']}",
                          d["greedy_check"]])
-        parts.append(_table(rows, ["decode", "jaxlab tok/s", "transformers tok/s", "vs transformers", "step ms",
-                                   "bytes/step", "% BW roofline", "% roofline (bound)", "greedy tokens vs transformers"],
+            if pub:
+                rows[-1].insert(7, fmt_pct(d.get("published_bw_pct")))
+        headers = ["decode", "jaxlab tok/s", "transformers tok/s", "vs transformers", "step ms", "bytes/step",
+                   "% BW roofline", "% roofline (bound)", "greedy tokens vs transformers"]
+        if pub:
+            headers.insert(7, f"% {pub['chip']} memory BW")
+        parts.append(_table(rows, headers,
                             f"Decode: {opts['new_tokens']} new tokens per row ({opts['new_tokens'] - 1} timed decode steps), "
                             "tok/s = rows x steps / decode time; bytes/step = weights + K/V of the tokens so far"))
 
@@ -1512,8 +1576,10 @@ def render(res: dict) -> str:
 
         rows = [["cold (empty cache)", fmt_summary(t["cold"]), hits("cold")],
                 ["warm (cache filled)", fmt_summary(t["warm"]), hits("warm")]]
+        note = f" ({t['note']})" if t.get("note") else ""
         parts.append(_table(rows, ["time to first token", "seconds", "compiles / persistent-cache hits"],
-                            f"Time to first token: fresh process, model loaded, Generator.generate([{opts['prompt_len']} tokens], 1)"))
+                            f"Time to first token{note}: fresh process on {t.get('backend', '?')}, model loaded, "
+                            f"Generator.generate([{opts['prompt_len']} tokens], 1)"))
 
     if res.get("quant"):
         parts.append(render_quant(res["quant"]))
@@ -1544,6 +1610,21 @@ def render(res: dict) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def published_line(pub: dict | None, ceil: dict, device_kind: str = "cpu") -> str:
+    """The report's line on published peaks: the chip's, and the measured ceilings as % of them."""
+    if not pub:
+        if device_kind.lower() == "cpu":
+            return "none for a CPU: the measured ceilings above are the roofline"
+        return f"none known for {device_kind} (jaxlab.hardware.CHIPS): the measured ceilings above are the roofline"
+    per = f" per jax device (a chip is {pub['devices_per_chip']})" if pub.get("devices_per_chip", 1) > 1 else ""
+    bf16 = ceil.get("matmul_bf16_flops_per_s")
+    return (f"{pub['chip']}: {pub['flops_per_s'] / 1e12:,.0f} TFLOP/s {pub['dtype']} (dense), "
+            f"{pub['bandwidth_bytes_per_s'] / 1e9:,.0f} GB/s{per} ({pub['source']}); measured bandwidth "
+            f"{fmt_pct(100 * ceil['bandwidth_bytes_per_s'] / pub['bandwidth_bytes_per_s'])} of it, "
+            + (f"bfloat16 matmul {fmt_pct(100 * bf16 / pub['flops_per_s'])}, " if bf16 else "")
+            + f"float32 matmul {fmt_pct(100 * ceil['matmul_flops_per_s'] / pub['flops_per_s'])}")
+
+
 def render_quant(q: dict) -> str:
     """The quantized decode rows and, per variant, its ratio at each batch and where it pays."""
     def vs(r):
@@ -1556,6 +1637,11 @@ def render_quant(q: dict) -> str:
 
     rows = [[r["label"], f"b{r['batch']}", fmt_summary(r["step_s"], 1e3), fmt_summary(r["tokens_per_s"]), vs(r),
              fmt_bytes(r["bytes_per_step"]), fmt_pct(r.get("bw_roofline_pct")), _num(r["compile_s"])] for r in q["rows"]]
+    headers = ["variant", "batch", "step ms", "tok/s", "vs float32", "bytes/step", "% BW roofline", "compile s"]
+    if any(r.get("published_bw_pct") is not None for r in q["rows"]):
+        headers.insert(7, "% published memory BW")
+        for row, r in zip(rows, q["rows"]):
+            row.insert(7, fmt_pct(r.get("published_bw_pct")))
     steps = (f"Quantized decode: one decode step, {q['steps']} steps per measurement, median of {q['reps']} reps; every "
              f"variant compiled first, then alternated rep by rep in this process; cache of {q['cache_len']} slots with {q['prompt_len']} filled; "
              "vs float32 = median over reps of float32's step time / this one's in the same rep (> 1x: faster)")
@@ -1563,7 +1649,7 @@ def render_quant(q: dict) -> str:
     pays = [[c["label"], *(fmt_ratio(c["ratios"].get(b, c["ratios"].get(str(b)))) for b in batches), c["text"]]
             for c in q["crossover"]]
     return "\n\n".join([
-        _table(rows, ["variant", "batch", "step ms", "tok/s", "vs float32", "bytes/step", "% BW roofline", "compile s"], steps),
+        _table(rows, headers, steps),
         _table(pays, ["variant", *(f"b{b}" for b in batches), "pays (ratio > 1)"],
                "Where each quantized variant pays: its speed ratio over float32 at each batch size"),
     ])

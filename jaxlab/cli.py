@@ -34,10 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
     def model_opts(sp):
         sp.add_argument("--model", default=None,
                         help="embedded name (smollm2-135m, default), a .gguf file, a HF checkpoint folder or hub id")
-        sp.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
+        sp.add_argument("--dtype", default="auto",
+                        help="auto (default: float32 on a CPU or a GPU older than sm 80, bfloat16 on TPU and "
+                             "newer GPUs; float32 with --quant), float32 or bfloat16")
         sp.add_argument("--quant", choices=FORMATS, default=None,
                         help="quantize the weights (quantized once, then cached): int8 or int4 weight-only, "
-                             "or w8a8 (int8 weights and activations)")
+                             "or w8a8 (int8 weights and activations); computes in float32 on every backend")
         sp.add_argument("--group-size", type=int, default=None, metavar="N",
                         help=f"with --quant int4: inputs per scale and offset (default {DEFAULT_GROUP})")
         sp.add_argument("--kv-cache", choices=KV_FORMATS, default=None,
@@ -74,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     model_opts(c)
     sampling_opts(c)
 
-    i = sub.add_parser("info", help="versions, devices, matmul precision, model path, cache folders")
+    i = sub.add_parser("info", help="versions, devices, the chip and its published peaks, matmul precision, model path, "
+                                      "cache folders")
     i.add_argument("--json", action="store_true")
 
     f = sub.add_parser("fetch", help="fetch, verify and convert the embedded model (run by make)")
@@ -98,8 +101,26 @@ def _sampling(args):
 def _check_dtype(dtype):
     from .config import DTYPES
 
-    if dtype not in DTYPES:
-        raise InvalidRequestError(f"unknown --dtype {dtype!r}; choose one of {', '.join(sorted(DTYPES))}")
+    if dtype != "auto" and dtype not in DTYPES:
+        raise InvalidRequestError(f"unknown --dtype {dtype!r}; choose one of auto, {', '.join(sorted(DTYPES))}")
+
+
+def _resolve_dtype(args, err=None):
+    """Turn ``--dtype auto`` into the backend's default (``jaxlab.loading.resolve_dtype``), in place. With
+    --quant that is float32; where the backend's default is not, say so in one line on stderr."""
+    from .loading import resolve_dtype
+    from .model import backend_default_dtype
+
+    if args.dtype != "auto":
+        return args.dtype
+    args.dtype = resolve_dtype("auto", args.quant)
+    backend_dtype = backend_default_dtype()
+    if args.quant and backend_dtype != args.dtype:
+        from .quant import COMPUTES_IN
+
+        (err or sys.stderr).write(f"jaxlab: --quant {args.quant} computes in {COMPUTES_IN[args.quant]}: "
+                                  f"loading float32 parameters, not this backend's default {backend_dtype}\n")
+    return args.dtype
 
 
 def _check_quant(args):
@@ -107,8 +128,10 @@ def _check_quant(args):
     if args.group_size is not None and args.quant != "int4":
         raise InvalidRequestError(f"--group-size applies to --quant int4 only; drop --group-size "
                                   f"(got --quant {args.quant or '(none)'})")
-    if args.quant and args.dtype != "float32":
-        raise InvalidRequestError(f"--quant {args.quant} computes in float32; drop --dtype {args.dtype}")
+    if args.quant and args.dtype not in ("float32", "auto"):
+        raise InvalidRequestError(f"--quant {args.quant} computes in float32; drop --dtype {args.dtype} "
+                                  f"(or pass --dtype float32 or auto)")
+    _resolve_dtype(args)
     kv = args.kv_cache if args.kv_cache not in (None, args.dtype) else None  # a cache unlike the parameters
     if getattr(args, "mesh", None) and (args.quant or kv):
         drop = [f for f, on in (("--quant", args.quant), (f"--kv-cache {kv}", kv)) if on]
@@ -120,6 +143,13 @@ def _check_quant(args):
                                   "drop --kv-cache int8")
     if getattr(args, "speculative", None) and kv:
         raise InvalidRequestError(f"--speculative keeps its KV cache in the --dtype ({args.dtype}); drop --kv-cache {kv}")
+
+
+def _computes_in(params) -> str:
+    """What the model computes in, for --json: the dtype, or a quantized format's description."""
+    from .quant import COMPUTES_IN
+
+    return COMPUTES_IN[params.quant] if params.quant else f"{params.policy.dtype} activations"
 
 
 def _cache_dtype(args):
@@ -185,7 +215,8 @@ def cmd_generate(args, out=None):
                 "prompt_ids": r.prompt_ids, "generated_ids": r.generated_ids, "text": r.text,
                 "finish_reason": r.finish_reason, "prefill_seconds": round(r.prefill_seconds, 6),
                 "decode_seconds": round(r.decode_seconds, 6), "compile_seconds": round(r.compile_seconds, 6),
-                "quant": m.params.quant, "kv_cache": _cache_dtype(args).name,
+                "quant": m.params.quant, "kv_cache": _cache_dtype(args).name, "dtype": m.params.policy.dtype,
+                "computes_in": _computes_in(m.params),
             }, ensure_ascii=False) + "\n")
         elif streaming:
             out.write("\n")
@@ -282,7 +313,7 @@ def info() -> dict:
 
     import jax
 
-    from . import assets, compile_cache
+    from . import assets, compile_cache, hardware
     from .model import default_policy
     from .sharding import describe_mesh
 
@@ -297,11 +328,20 @@ def info() -> dict:
     except JaxlabError as e:
         model = f"not available: {e}"
     pol = default_policy()
+    backend, kind = jax.default_backend(), jax.devices()[0].device_kind
+    chip = hardware.chip_for(kind)
     return {
         "versions": versions,
-        "backend": jax.default_backend(),
+        "backend": backend,
         "devices": [str(d) for d in jax.devices()],
         "device_count": jax.device_count(),
+        "device_kind": kind,
+        "chip": None if chip is None else {
+            "name": chip.name, "peak_flops_per_s": chip.peak_flops, "peak_dtype": chip.peak_dtype,
+            "memory_bandwidth_bytes_per_s": chip.hbm_bandwidth, "memory_bytes": chip.hbm_bytes,
+            "devices_per_chip": chip.devices_per_chip, "source": chip.source},
+        "peaks": hardware.describe_peaks(chip, kind),
+        "fallback": hardware.fallback_note(backend),  # on the CPU while the machine has an accelerator: why
         "matmul_precision": {"float32": pol.precision, "bfloat16": default_policy("bfloat16").precision,
                              "jax_default_matmul_precision": jax.config.jax_default_matmul_precision},
         "model": model,
@@ -314,26 +354,33 @@ def info() -> dict:
     }
 
 
+def format_info(d: dict) -> str:
+    """The text ``jaxlab info`` prints for an :func:`info` dict (a notebook can print it in-process, on the
+    device its kernel holds, instead of starting a second process that cannot open a TPU)."""
+    lines = ["jaxlab info"]
+    lines += [f"  {k:<14}{v or '-'}" for k, v in d["versions"].items()]
+    lines.append(f"  backend       {d['backend']} ({d['device_count']} device(s): {', '.join(d['devices'])})")
+    if d.get("fallback"):
+        lines.append(f"  NOTE          {d['fallback']}")
+    lines.append(f"  chip          {d['device_kind']}")
+    lines.append(f"  peaks         {d['peaks']}")
+    mp = d["matmul_precision"]
+    lines.append(f"  matmul prec.  float32 -> {mp['float32']}, bfloat16 -> {mp['bfloat16']} (passed to every matmul)")
+    lines.append(f"  model         {d['model']}")
+    lines.append(f"  cache folder  {d['cache_dir']}")
+    lines.append(f"  compile cache {d['compilation_cache_dir']}")
+    lines.append(f"  mesh          {d['mesh']}")
+    lines.append(f"  quantization  --quant {', '.join(d['quant_formats'])} (int4: --group-size); "
+                 f"--kv-cache {', '.join(d['kv_cache_formats'])}")
+    if d["xla_flags"]:
+        lines.append(f"  XLA_FLAGS     {d['xla_flags']}")
+    return "\n".join(lines) + "\n"
+
+
 def cmd_info(args, out=None):
     out = out or sys.stdout
     d = info()
-    if args.json:
-        out.write(json.dumps(d, indent=2) + "\n")
-        return 0
-    out.write("jaxlab info\n")
-    for k, v in d["versions"].items():
-        out.write(f"  {k:<14}{v or '-'}\n")
-    out.write(f"  backend       {d['backend']} ({d['device_count']} device(s): {', '.join(d['devices'])})\n")
-    mp = d["matmul_precision"]
-    out.write(f"  matmul prec.  float32 -> {mp['float32']}, bfloat16 -> {mp['bfloat16']} (passed to every matmul)\n")
-    out.write(f"  model         {d['model']}\n")
-    out.write(f"  cache folder  {d['cache_dir']}\n")
-    out.write(f"  compile cache {d['compilation_cache_dir']}\n")
-    out.write(f"  mesh          {d['mesh']}\n")
-    out.write(f"  quantization  --quant {', '.join(d['quant_formats'])} (int4: --group-size); "
-              f"--kv-cache {', '.join(d['kv_cache_formats'])}\n")
-    if d["xla_flags"]:
-        out.write(f"  XLA_FLAGS     {d['xla_flags']}\n")
+    out.write(json.dumps(d, indent=2) + "\n" if args.json else format_info(d))
     return 0
 
 

@@ -20,9 +20,15 @@ Launch by hand (two terminals, or ``&``)::
     XLA_FLAGS=--xla_force_host_platform_device_count=2 python -m jaxlab.distributed \\
         --process-id 1 --num-processes 2 --port 12355 --mesh data=2,model=2
 
-On a TPU pod slice: copy the program to every host and start it on all of them at once, e.g.
-``gcloud compute tpus tpu-vm ssh NAME --worker=all --command="python -m jaxlab.distributed --pod"``
-(``--pod`` lets ``jax.distributed.initialize()`` detect the coordinator, process count and id).
+On a TPU VM or pod slice: install ``jax[tpu]`` (the version jaxlab pins) and jaxlab on every worker,
+then start the program on all of them at once (the README has the two ``gcloud ... --worker=all``
+commands)::
+
+    gcloud compute tpus tpu-vm ssh NAME --zone=ZONE --worker=all --command="python -m jaxlab.distributed --pod"
+
+``--pod`` lets ``jax.distributed.initialize()`` detect the coordinator, process count and id, checks that
+jax really runs on the accelerator (a CPU-only jax on a TPU VM would otherwise run the whole "pod" on each
+host's CPU), and by default fits the mesh to ``jax.devices()``: every chip of every host.
 """
 
 from __future__ import annotations
@@ -111,6 +117,18 @@ def run(num_processes: int = 2, local_devices: int = 2, mesh: str = "data=2,mode
     return reports
 
 
+def check_pod(backend: str, process_count: int, pin: str | None = None) -> None:
+    """Raise :class:`DistributedError` (one sentence) unless a ``--pod`` run really runs on accelerators:
+    a TPU, or GPUs (a SLURM cluster). A CPU backend there means the worker's jax is CPU-only."""
+    if backend in ("tpu", "gpu", "cuda", "rocm"):
+        return
+    from .hardware import jax_pin
+
+    raise DistributedError(f"jax found no TPU on this worker (backend {backend}, {process_count} process"
+                           f"{'es' if process_count != 1 else ''}): install jax[tpu]=={pin or jax_pin()} on every "
+                           "worker (see README)")
+
+
 def _worker(args) -> dict:
     import jax
 
@@ -119,14 +137,23 @@ def _worker(args) -> dict:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU collectives across processes
     enable()  # the persistent compilation cache: a second run skips XLA compilation
     if args.pod:
-        jax.distributed.initialize()
+        try:
+            jax.distributed.initialize()  # finds the coordinator, the process count and this id by itself
+        except (ValueError, RuntimeError) as e:
+            import importlib.util
+
+            if importlib.util.find_spec("libtpu") is None:  # no TPU runtime: CPU-only jax cannot find a pod
+                check_pod("cpu", 1)
+            raise DistributedError(f"jax.distributed.initialize() found no pod: {e}") from None
     else:
         jax.distributed.initialize(coordinator_address=f"127.0.0.1:{args.port}", num_processes=args.num_processes,
                                    process_id=args.process_id, initialization_timeout=args.timeout,
                                    heartbeat_timeout_seconds=min(args.timeout, 100),
                                    shutdown_timeout_seconds=min(args.timeout, 60))
     try:
-        from .sharding import make_mesh, shard_generate
+        if args.pod:
+            check_pod(jax.default_backend(), jax.process_count())
+        from .sharding import fit_mesh, format_mesh, make_mesh, mesh_shape, shard_generate
 
         if args.model == "tiny":
             from .config import tiny
@@ -137,12 +164,14 @@ def _worker(args) -> dict:
             from .loading import load
 
             params = load(args.model).params
-        mesh = make_mesh(args.mesh)
+        # the mesh spans jax.devices(): every device of every process (never jax.local_devices())
+        mesh = make_mesh(args.mesh or fit_mesh("data+tensor", jax.device_count()))
         tokens = shard_generate(params, json.loads(args.prompts), args.max_new_tokens, mesh, args.strategy,
                                 ignore_eos=True, prefill=not args.no_prefill)
         return {"process_id": jax.process_index(), "process_count": jax.process_count(),
                 "device_count": jax.device_count(), "local_device_count": jax.local_device_count(),
-                "mesh": args.mesh, "strategy": args.strategy, "tokens": tokens}
+                "backend": jax.default_backend(), "mesh": format_mesh(mesh_shape(mesh)), "strategy": args.strategy,
+                "tokens": tokens}
     finally:
         jax.distributed.shutdown()
 
@@ -153,15 +182,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--num-processes", type=int, default=2)
     p.add_argument("--port", type=int, default=12355)
     p.add_argument("--pod", action="store_true", help="let jax.distributed find the coordinator (TPU pod, SLURM)")
-    p.add_argument("--mesh", default="data=2,model=2")
+    p.add_argument("--mesh", default=None,
+                   help="e.g. data=2,model=4 (default: data=2,model=2 over loopback; with --pod, fitted to every device "
+                        "of every host)")
     p.add_argument("--strategy", default="auto")
     p.add_argument("--model", default="tiny")
     p.add_argument("--max-new-tokens", type=int, default=8)
     p.add_argument("--prompts", default=json.dumps([list(p) for p in DEFAULT_PROMPTS]))
     p.add_argument("--timeout", type=int, default=180)
     p.add_argument("--no-prefill", action="store_true", help="feed prompts through the decode step")
+    args = p.parse_args(argv)
+    if args.mesh is None and not args.pod:
+        args.mesh = "data=2,model=2"
     try:
-        report = _worker(p.parse_args(argv))
+        report = _worker(args)
     except JaxlabError as e:  # a problem the user can fix: one line, as the CLI does
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1

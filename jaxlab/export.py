@@ -299,29 +299,32 @@ def tiny_params(seed: int = 0) -> Params:
     return params_from_flat(cfg, flat)
 
 
-def _params_for(model: str) -> Params:
+def _params_for(model: str, dtype: str = "auto") -> Params:
     if model == "tiny":
         return tiny_params()
     from .loading import load as load_model
 
-    return load_model(None if model == "default" else model).params
+    return load_model(None if model == "default" else model, dtype=dtype).params
 
 
 def _child_env(cache_dir: str | os.PathLike | None) -> dict:
-    """The environment of a child process: the same device kind, except that a TPU (which one
-    process owns) makes the child run on the CPU; GPUs are shared (no memory preallocation)."""
-    env = dict(os.environ)
+    """The environment of a child process (:func:`jaxlab.hardware.child_env`): this process's accelerator
+    when it can be shared (a GPU without preallocation; a TPU only if this process has not started its
+    backend), else explicitly the CPU."""
+    from .hardware import child_env
+
+    env = child_env()
     env.pop("JAXLAB_COMPILE_CACHE", None)
     if cache_dir is not None:
         env["JAXLAB_COMPILE_CACHE"] = str(cache_dir)
-    if jax.default_backend() == "tpu":
-        env["JAX_PLATFORMS"] = "cpu"
-    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     return env
 
 
 def _run_child(command: str, args: dict, cache_dir=None, timeout: float = 300) -> dict:
-    """Run ``python -m jaxlab.export COMMAND ARGS`` in a fresh process; -> its JSON answer (last line)."""
+    """Run ``python -m jaxlab.export COMMAND ARGS`` in a fresh process; -> its JSON answer (last line),
+    with ``note``: the label of its figures when it ran on another backend than this process (else None)."""
+    from .hardware import figure_note
+
     args = dict(args, launched=time.time())
     proc = subprocess.run([sys.executable, "-m", "jaxlab.export", command, json.dumps(args)], capture_output=True,
                           text=True, env=_child_env(cache_dir), timeout=timeout)
@@ -329,6 +332,7 @@ def _run_child(command: str, args: dict, cache_dir=None, timeout: float = 300) -
         raise RuntimeError(f"child process `{command}` failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     out["process_s"] = time.time() - args["launched"]
+    out["note"] = figure_note(out.get("backend", out.get("platform")))
     return out
 
 
@@ -341,7 +345,9 @@ def ttft_in_fresh_process(prompt_ids: Sequence[int], cache_dir: str | os.PathLik
     ``generate`` call to the first streamed text), ``total_s`` (the whole request), ``compile_s``
     (compiling or loading programs, inside the request), counts ``compiles`` and ``cache_hits``
     (:class:`~jaxlab.profile.CompileCounter`), ``cache_files`` (files in the folder afterwards),
-    ``platform``, ``text`` and ``process_s`` (wall time of the child, seen from here)."""
+    ``platform`` / ``backend`` (where the child ran), ``note`` (e.g. "CPU figure: the TPU is held by this
+    process" when that is not this process's backend, else None), ``text`` and ``process_s`` (wall time of
+    the child, seen from here)."""
     return _run_child("ttft", {"prompt_ids": list(map(int, prompt_ids)), "max_new_tokens": max_new_tokens,
                                "model": model}, cache_dir, timeout)
 
@@ -385,7 +391,8 @@ def _child_main(command: str, args: dict) -> dict:
     cache_dir = os.environ.get("JAXLAB_COMPILE_CACHE")
     if cache_dir:
         compile_cache.enable(cache_dir)
-    out: dict[str, Any] = {"platform": jax.default_backend(), "startup_s": time.time() - args["launched"]}
+    out: dict[str, Any] = {"platform": jax.default_backend(), "backend": jax.default_backend(),
+                           "device_kind": jax.devices()[0].device_kind, "startup_s": time.time() - args["launched"]}
     if command == "ttft":
         t0 = time.perf_counter()
         from .generate import Generator
@@ -414,7 +421,11 @@ def _child_main(command: str, args: dict) -> dict:
         t0 = time.perf_counter()
         exported = load(args["path"])
         out["load_s"] = time.perf_counter() - t0
-        params = _params_for(args["model"])
+        here = jax.export.default_export_platform()
+        if here not in exported.platforms:  # e.g. lowered for a TPU that the parent holds: this child runs on the CPU
+            raise ConfigError(f"the exported step was lowered for {', '.join(exported.platforms)}, and this process "
+                              f"runs on {here}: export it with platforms=(..., {here!r})")
+        params = _params_for(args["model"], dtype=str(exported.in_avals[0].dtype))  # the weights it was made for
         b = len(args["prompts"])
         with CompileCounter() as cc:
             t0 = time.perf_counter()  # compile (or load from the cache) + one step, on an empty cache

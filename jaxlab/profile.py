@@ -28,7 +28,9 @@ have to measure the right thing. Each piece exists for a reason:
 
 * **Compare against the hardware limit.** A time alone says little; a time
   against what the chip *could* do says everything. :func:`measure_bandwidth`
-  and :func:`measure_matmul_flops` measure this machine's two ceilings, and
+  and :func:`measure_matmul_flops` (float32 or bfloat16) measure this machine's
+  two ceilings, :meth:`Roofline.published` takes an accelerator's datasheet
+  peaks (:mod:`jaxlab.hardware`) to set beside them, and
   :class:`Roofline` turns (flops, bytes, seconds) into "x% of the bound" and
   says whether a kernel is memory- or compute-bound (decode is memory-bound:
   every generated token reads all the weights).
@@ -581,7 +583,12 @@ def measure_matmul_flops(n: int = 2048, dtype: Any = jnp.float32, repeats: int =
     """Achieved FLOP/s of an ``n x n @ n x n`` matmul (``2 n^3`` FLOPs) at ``Precision.HIGHEST``.
 
     Best (min) of ``repeats`` synchronized runs after one compile/warm-up run. A practical compute
-    ceiling for the roofline; the vendor's datasheet peak is usually higher.
+    ceiling for the roofline; the vendor's datasheet peak (:mod:`jaxlab.hardware`) is usually higher.
+
+    ``dtype=jnp.bfloat16`` measures the ceiling accelerators publish their peaks in (bfloat16 inputs,
+    float32 accumulation on the TPU's MXU and NVIDIA's tensor cores). XLA:CPU has no bfloat16 matrix
+    unit to use on most CPUs: it computes the product in float32 and rounds, so on a CPU the bfloat16
+    ceiling is about the float32 one (2 cores here: within the noise of each other), not twice it.
     """
     ka, kb = jax.random.split(jax.random.key(0))
     a = jax.random.normal(ka, (n, n), dtype)
@@ -612,6 +619,14 @@ class Roofline:
     def measure(cls, nbytes: int = 1 << 30, n: int = 2048, repeats: int = 3) -> Roofline:
         """Measure both ceilings on the default device."""
         return cls(measure_bandwidth(nbytes, repeats), measure_matmul_flops(n, repeats=repeats))
+
+    @classmethod
+    def published(cls, chip: Any, per_device: bool = True) -> Roofline:
+        """The roofline of a chip's published peaks (a :class:`jaxlab.hardware.Chip`): per jax device by
+        default (half a chip on TPU v2/v3), else per chip."""
+        if per_device:
+            return cls(chip.device_bandwidth, chip.device_peak_flops)
+        return cls(chip.hbm_bandwidth, chip.peak_flops)
 
     @property
     def ridge(self) -> float:

@@ -236,13 +236,73 @@ def make_mesh(spec: str | Mapping[str, int] | None = None, devices: Sequence | N
                          devices=devices[:need])
 
 
+@dataclass(frozen=True)
+class MeshDevices:
+    """The devices to build meshes from (:func:`mesh_devices`), and what they are."""
+
+    devices: tuple  # jax devices, all of one platform
+    platform: str  # "cpu", "tpu", "gpu"
+    simulated: bool  # CPU devices standing in for accelerators too few for the meshes
+    note: str  # one sentence for the reader: which devices, and what can be measured on them
+
+    @property
+    def count(self) -> int:
+        return len(self.devices)
+
+    def measurable(self, need: int = 2) -> bool:
+        """Whether a claim that needs ``need`` devices can be measured on these."""
+        return self.count >= need
+
+
+def mesh_devices(min_devices: int = 4, devices: Sequence | None = None,
+                 host_devices: Sequence | None = None) -> MeshDevices:
+    """The devices a lesson builds its meshes from: the accelerators when there are at least ``min_devices``
+    of them, else the host's CPU devices when there are more of those (simulated with
+    ``XLA_FLAGS=--xla_force_host_platform_device_count=8``, which must be set before jax starts).
+
+    On a one-chip runtime (a free Colab TPU is one v5e chip) every mesh would otherwise be 1 x 1: each
+    strategy would "split" nothing and every claim about communication would be vacuous. Simulated CPU
+    devices run the real multi-device programs (same partitioning, same collectives), so correctness and
+    the collectives can be checked there; speed cannot. ``devices`` / ``host_devices`` default to
+    ``jax.devices()`` / ``jax.devices("cpu")`` (tests pass fakes with ``platform`` and ``device_kind``)."""
+    devices = tuple(jax.devices() if devices is None else devices)
+    platform = devices[0].platform
+    kind = getattr(devices[0], "device_kind", platform)
+    n = len(devices)
+    if platform == "cpu":
+        what = "simulated CPU devices" if n > 1 else "CPU device"
+        note = (f"Meshes use the {n} {what} jax sees: correctness and collectives can be checked, speed-ups cannot"
+                + ("." if n >= min_devices else f"; set XLA_FLAGS={DEVICE_FLAG}=8 before jax starts for more."))
+        return MeshDevices(devices, "cpu", n > 1, note)
+    if n >= min_devices:
+        return MeshDevices(devices, platform, False, f"Meshes use the {n} {kind} devices jax sees.")
+    if host_devices is None:
+        try:
+            host_devices = jax.devices("cpu")
+        except RuntimeError:  # no CPU backend (JAX_PLATFORMS excludes it)
+            host_devices = ()
+    host_devices = tuple(host_devices)
+    if len(host_devices) > n:
+        note = (f"jax sees {n} {kind} device{'s' if n != 1 else ''}, fewer than the {min_devices} these meshes need, "
+                f"so the meshes are built from {len(host_devices)} simulated CPU devices: correctness and collectives "
+                f"can be checked there, speed-ups cannot (for real chips use a Kaggle TPU v5e-8 or a TPU VM).")
+        return MeshDevices(host_devices, "cpu", True, note)
+    note = (f"jax sees {n} {kind} device{'s' if n != 1 else ''} and no more CPU devices (set XLA_FLAGS={DEVICE_FLAG}=8 "
+            f"before jax starts): claims that need more than one device are not measurable here.")
+    return MeshDevices(devices, platform, False, note)
+
+
 def mesh_shape(mesh: Mesh) -> dict[str, int]:
     return {a: int(mesh.shape.get(a, 1)) for a in AXES}
 
 
-def describe_mesh(spec: str | Mapping[str, int] | None = None) -> str:
-    """One line for ``jaxlab info``: the devices, processes, and the mesh ``spec`` (or the default one)."""
-    n, backend = jax.device_count(), jax.default_backend()
+def describe_mesh(spec: str | Mapping[str, int] | None = None, devices: Sequence | None = None) -> str:
+    """One line for ``jaxlab info``: the devices (``jax.devices()``, or ``devices``), processes, and the
+    mesh ``spec`` (or the default one)."""
+    if devices is None:
+        n, backend = jax.device_count(), jax.default_backend()
+    else:
+        n, backend = len(devices), devices[0].platform
     procs = jax.process_count()
     where = f"{n} {backend} device{'s' if n != 1 else ''}" + (f" in {procs} processes" if procs > 1 else "")
     if spec is None:
@@ -823,13 +883,15 @@ class Sharded:
 
 
 def shard(params: Params, mesh: Mesh | str | Mapping[str, int] | None = None, strategy: str = "auto",
-          rules: Mapping[str, str | None] | None = None) -> Sharded:
+          rules: Mapping[str, str | None] | None = None, devices: Sequence | None = None) -> Sharded:
     """Place ``params`` on ``mesh`` (a Mesh, ``"data=2,model=4"``, a dict, or None: fitted to the devices
-    for ``strategy``) with one strategy: auto, data, tensor, data+tensor, shard_map, pmap."""
+    for ``strategy``) with one strategy: auto, data, tensor, data+tensor, shard_map, pmap. A mesh that is
+    not a ``Mesh`` is built from ``devices`` (default ``jax.devices()``, e.g. :func:`mesh_devices`' ones)."""
     if not isinstance(mesh, Mesh):
         if mesh is None:
-            mesh = fit_mesh("data+tensor" if strategy == "auto" else strategy)
-        mesh = make_mesh(mesh)
+            mesh = fit_mesh("data+tensor" if strategy == "auto" else strategy,
+                            None if devices is None else len(devices))
+        mesh = make_mesh(mesh, devices)
     return Sharded(params, mesh, strategy, rules)
 
 

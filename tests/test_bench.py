@@ -44,6 +44,35 @@ def test_roofline_percentages():
     assert bench.ratio(1.0, None) is None and bench.ratio(1.0, 0.0) is None
 
 
+def test_published_peaks_beside_the_measured_ceilings():
+    from jaxlab.hardware import CHIPS
+
+    assert bench.published_peaks(None) is None
+    pub = bench.published_peaks(CHIPS["TPU v5e"])
+    assert pub["chip"] == "TPU v5e" and pub["flops_per_s"] == 197e12 and pub["bandwidth_bytes_per_s"] == 819e9
+    assert bench.published_peaks(CHIPS["TPU v3"])["flops_per_s"] == 123e12 / 2  # per jax device (TensorCore)
+    ceil = {"bandwidth_bytes_per_s": 700e9, "matmul_flops_per_s": 98.5e12, "matmul_bf16_flops_per_s": 177.3e12}
+    line = bench.published_line(pub, ceil, "TPU v5 lite")
+    assert "197 TFLOP/s bfloat16" in line and "819 GB/s" in line
+    assert "85.5 % of it" in line and "bfloat16 matmul 90.0 %" in line and "float32 matmul 50.0 %" in line
+    assert bench.published_line(None, ceil, "cpu").startswith("none for a CPU")
+    # the decode rows get a % of the published bandwidth beside the % of the measured one
+    res = {"prefill": {"flops_model": 1e12, "ours_s": {"median": 0.1}, "peer_s": None},
+           "decode": [{"ours_step_s": {"median": 0.001}, "bytes_per_step": 0.4095e9, "flops_per_step": 1e9}]}
+    bench.add_rooflines(res, dict(ceil, published=pub))
+    d = res["decode"][0]
+    assert d["bw_roofline_pct"] == pytest.approx(100 * 409.5 / 700) and d["published_bw_pct"] == pytest.approx(50.0)
+    assert res["prefill"]["published_flops_pct"] == pytest.approx(100 * 10e12 / 197e12)
+    bench.add_rooflines(res, dict(ceil, published=None))
+    assert res["decode"][0]["published_bw_pct"] is None
+
+
+def test_ttft_figures_from_another_backend_are_labelled():
+    assert bench.ttft_note(["tpu"], "tpu") is None
+    assert bench.ttft_note(["cpu"], "tpu") == "CPU figure: the TPU is held by this process"
+    assert bench.ttft_note(["cpu", "cpu"], "cpu") is None
+
+
 def test_model_flops_and_bytes():
     cfg = smollm2_135m()
     layer_w, head_w = bench.matmul_params(cfg)

@@ -141,6 +141,24 @@ def test_info(capsys):
     d = json.loads(capsys.readouterr().out)
     assert d["backend"] == "cpu" and d["versions"]["jax"]
     assert d["matmul_precision"]["float32"] == "highest"
+    assert d["device_kind"] == "cpu" and d["chip"] is None
+    assert d["peaks"] == "CPU: no published peak; see `jaxlab bench` for measured ceilings"
+
+
+def test_info_prints_the_chip_and_its_peaks(capsys, monkeypatch):
+    from jaxlab import cli, hardware
+
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "chip          cpu" in out and "peaks         CPU: no published peak" in out
+    # on an accelerator: the chip's published peaks (faked device kind), in --json and in the text
+    d = cli.info()
+    chip = hardware.CHIPS["TPU v5e"]
+    d.update(device_kind="TPU v5 lite", chip={"name": chip.name}, peaks=hardware.describe_peaks(chip),
+             fallback=hardware.fallback_note("cpu", "tpu", {}))
+    text = cli.format_info(d)
+    assert "chip          TPU v5 lite" in text and "197 TFLOP/s bfloat16" in text
+    assert "NOTE" in text and "CPU figures" in text
 
 
 def test_mesh_matches_single_device(gguf_path):

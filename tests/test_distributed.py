@@ -42,3 +42,27 @@ def test_worker_env_sets_the_device_count_and_keeps_other_flags():
     assert env["XLA_FLAGS"] == "--xla_foo=1 --xla_force_host_platform_device_count=3"
     assert env["JAX_PLATFORMS"] == "cpu" and env["A"] == "b"
     assert distributed.free_port() > 0
+
+
+def test_pod_mode_refuses_a_cpu_only_jax_in_one_sentence():
+    from jaxlab.hardware import jax_pin
+
+    distributed.check_pod("tpu", 4)  # a TPU pod slice
+    distributed.check_pod("gpu", 2)  # a SLURM GPU cluster
+    with pytest.raises(distributed.DistributedError) as e:
+        distributed.check_pod("cpu", 1)
+    msg = str(e.value)
+    assert msg.startswith("jax found no TPU on this worker") and f"jax[tpu]=={jax_pin()}" in msg
+    assert "every worker (see README)" in msg and "\n" not in msg
+
+
+def test_pod_mode_with_a_cpu_only_jax_ends_with_that_sentence():
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    p = subprocess.run([sys.executable, "-m", "jaxlab.distributed", "--pod"], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert p.returncode == 1
+    assert p.stderr.strip().splitlines()[-1].startswith("error: jax found no TPU on this worker"), p.stderr

@@ -99,6 +99,37 @@ def test_describe_mesh():
     assert "needs 64 devices" in S.describe_mesh("data=8,model=8")
 
 
+def _fake_devices(platform, n, kind=None):
+    return [SimpleNamespace(platform=platform, device_kind=kind or platform, id=i) for i in range(n)]
+
+
+def test_mesh_devices_uses_enough_accelerators_else_simulated_cpu_devices():
+    cpu8 = _fake_devices("cpu", 8)
+    # a free Colab TPU: one v5e chip -> the meshes are built from the host's 8 simulated CPU devices, and it says so
+    one_tpu = S.mesh_devices(4, _fake_devices("tpu", 1, "TPU v5 lite"), cpu8)
+    assert one_tpu.devices == tuple(cpu8) and one_tpu.platform == "cpu" and one_tpu.simulated
+    assert "1 TPU v5 lite device" in one_tpu.note and "8 simulated CPU devices" in one_tpu.note
+    assert "Kaggle TPU v5e-8" in one_tpu.note and one_tpu.measurable(2)
+    # a v5e-8 (Kaggle, TPU VM): the real chips
+    eight = S.mesh_devices(4, _fake_devices("tpu", 8, "TPU v5 lite"), cpu8)
+    assert eight.count == 8 and eight.platform == "tpu" and not eight.simulated
+    # one GPU, and the flag was not set before jax started: one device, and claims needing more are not measurable
+    lonely = S.mesh_devices(4, _fake_devices("gpu", 1, "Tesla T4"), _fake_devices("cpu", 1))
+    assert lonely.count == 1 and lonely.platform == "gpu" and not lonely.measurable(2)
+    assert "not measurable" in lonely.note
+    # on a CPU: the CPU devices there are (simulated when more than one)
+    here = S.mesh_devices(4, cpu8)
+    assert here.count == 8 and here.simulated and here.note.startswith("Meshes use the 8 simulated CPU devices")
+    assert "XLA_FLAGS" in S.mesh_devices(4, _fake_devices("cpu", 1)).note
+    assert S.mesh_devices().count == jax.device_count()
+
+
+def test_shard_and_describe_mesh_take_a_device_list(tiny_params):
+    devs = jax.devices()[:1]
+    assert S.describe_mesh(devices=devs).startswith("1 cpu device")
+    assert S.shard(tiny_params, None, "tensor", devices=devs).shape == {"data": 1, "model": 1}
+
+
 def test_rules_are_a_mapping_and_specs_follow_them():
     assert S.rules_for("data") == {"batch": "data"}
     assert S.rules_for("tensor") == {"q_heads": "model", "kv_heads": "model", "mlp": "model"}
