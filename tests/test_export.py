@@ -179,6 +179,14 @@ def test_persistent_cache_is_shared_across_processes(tmp_path):
     # (its compile time is usually much lower too, but timings are not asserted)
 
 
+def test_child_on_a_platform_the_file_was_not_lowered_for_says_so(tiny, tmp_path):
+    """A TPU kernel's child runs on the CPU (the TPU belongs to the kernel): a TPU-only file must say so."""
+    tpu_only = export.save(export.export_decode_step(tiny, batch=1, cache_len=CACHE, platforms=("tpu",)),
+                           tmp_path / "tpu.jaxexport")
+    with pytest.raises(RuntimeError, match=r"lowered for tpu, and this process runs on cpu: export it with platforms"):
+        export.exported_in_fresh_process(tpu_only, PROMPTS[:1], 2, CACHE, model="tiny")
+
+
 def test_child_process_failure_is_reported():
     with pytest.raises(RuntimeError, match="unknown command"):
         export._run_child("no-such-command", {}, None)
