@@ -18,7 +18,7 @@ import pytest
 from jaxlab import cli, loading, quant
 from jaxlab.config import tiny
 from jaxlab.errors import ConfigError
-from jaxlab.model import backend_default_dtype, backend_numerics, default_policy, forward, init_params
+from jaxlab.model import backend_default_dtype, backend_numerics, cast_params, default_policy, forward, init_params
 from jaxlab.reference import check_golden, golden_criteria, judge_golden, load_golden, measure_golden
 
 
@@ -194,6 +194,16 @@ def test_real_model_passes_both_criteria(smollm, golden):
         row["greedy_ids"] = row["greedy_ids"][1:] + row["greedy_ids"][:1]  # shifted by one
     assert not judge_golden(bad, backend="cpu", **measured).ok
     assert not judge_golden(bad, backend="gpu", **measured).ok
+
+
+def test_bfloat16_model_meets_the_accelerator_criteria(smollm, golden):
+    """The accelerators' default numerics (bfloat16 weights and matmul inputs; float32 sums, residual stream
+    and element-wise work), run on XLA:CPU as a stand-in: measured 192/192 teacher-forced and 6/6 prompts.
+    With bfloat16 activations throughout it scored 189/192 (98.4 %) and failed the 99 % line."""
+    bf16 = cast_params(smollm.params, default_policy("bfloat16"))
+    assert jax.tree.leaves(bf16)[0].dtype == jnp.bfloat16
+    r = check_golden(bf16, backend="tpu", golden=golden)
+    assert r.ok, r.verdict
 
 
 def test_compare_greedy_exact_on_cpu_prefix_on_accelerators(golden):
