@@ -37,7 +37,7 @@ except ModuleNotFoundError:  # Python 3.10: jaxlab needs 3.11, and step 4 says s
 
 PINNED = ("jax", "jaxlib", "flax")  # exact on Colab too; everything else takes a range
 COLAB_EXTRAS = ("lab",)  # the optional dependencies a notebook needs (Colab brings its own Jupyter)
-COLAB_HAS = {"jupyterlab", "ipykernel"}
+COLAB_SKIP = {"jupyterlab", "ipykernel", "jupytext"}  # Colab has its Jupyter; jupytext only builds notebooks
 JAX_EXTRA = {"tpu": "tpu", "gpu": "cuda12", "cpu": None}
 CONSTRAINTS = "constraints-colab.txt"
 
@@ -156,7 +156,7 @@ def colab_packages(settings: dict, runtime: str) -> list[str]:
     for extra in COLAB_EXTRAS:
         names += [requirement_name(s) for s in settings["optional"].get(extra, [])]
     extra = JAX_EXTRA[runtime]
-    return [f"jax[{extra}]" if (n == "jax" and extra) else n for n in dict.fromkeys(names) if n not in COLAB_HAS]
+    return [f"jax[{extra}]" if (n == "jax" and extra) else n for n in dict.fromkeys(names) if n not in COLAB_SKIP]
 
 
 def _run(what: str, cmd: list[str], fix: str) -> str:

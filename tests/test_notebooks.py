@@ -18,7 +18,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+sys.path.insert(0, str(ROOT / "scripts"))
+import nbbuild  # noqa: E402
 EXPECTED = ["00_setup", "01_jax_essentials", "02_tokenization", "03_flax_model", "04_jit_and_generation",
             "05_kv_cache", "06_batching_and_sampling", "07_profiling_and_compilation", "08_parallelism",
             "09_quantization", "10_speculative_decoding"]
@@ -67,6 +70,29 @@ def test_notebook_structure(path):
     text = "".join(o.get("text", "") for c in with_output for o in c.outputs if o.output_type == "stream")
     assert "Verdict" in text or "PASS" in text, "no verdict or check among the checked outputs"
     assert any(c.cell_type == "markdown" and "Exercises" in c.source for c in cells), "an Exercises section"
+
+
+@pytest.mark.parametrize("path", notebooks(), ids=lambda p: p.stem)
+def test_notebook_and_its_text_source_agree(path):
+    """Each notebook has a committed py:percent source (notebooks/src/) that holds exactly its cells."""
+    src = nbbuild.source_path(path)
+    assert src.exists(), f"{src.relative_to(ROOT)} is missing: run python scripts/nbbuild.py --sources"
+    assert nbbuild.source_text(nbformat.read(path, as_version=4)) == src.read_text(), (
+        f"{path.name} and {src.relative_to(ROOT)} differ: build the notebook from its source "
+        f"(python scripts/nbbuild.py {src.relative_to(ROOT)}, then scripts/run_notebooks.py), or after editing "
+        "the .ipynb write the source again (python scripts/nbbuild.py --sources)")
+
+
+def test_building_from_the_source_gives_the_notebook_cells(tmp_path):
+    for path in notebooks():
+        built = nbformat.read(nbbuild.build(nbbuild.source_path(path), tmp_path / path.name), as_version=4)
+        have = nbformat.read(path, as_version=4)
+        def key(nb):
+            return [(c.cell_type, c.source, c.metadata.get("tags", [])) for c in nb.cells]
+        assert key(built) == key(have), f"{path.name}: building its source does not give its cells"
+    with pytest.raises(AssertionError, match="Title"):
+        (tmp_path / "bad.py").write_text("# %%\nprint(1)\n")
+        nbbuild.build(tmp_path / "bad.py", tmp_path / "bad.ipynb")
 
 
 def _free_port():

