@@ -74,8 +74,13 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     f32 = [{k: rng.standard_normal(s, np.float32) * 0.02 for k, s in SHAPES.items()} for _ in range(L)]
     head = rng.standard_normal((V, D), np.float32) * 0.02
-    per_format = {fmt: ([{k: quant.quantize_matrix(w, fmt) for k, w in ly.items()} for ly in f32],
-                        quant.quantize_matrix(head, fmt)) for fmt in ("int8", "w8a8")}
+    per_format = {
+        fmt: (
+            [{k: quant.quantize_matrix(w, fmt) for k, w in ly.items()} for ly in f32],
+            quant.quantize_matrix(head, fmt),
+        )
+        for fmt in ("int8", "w8a8")
+    }
     f32 = ([{k: jnp.asarray(w) for k, w in ly.items()} for ly in f32], jnp.asarray(head))
     variants = {
         "float32": (dot_f32, f32),
@@ -90,7 +95,9 @@ def main(argv=None):
         fns = {n: jax.jit(partial(chain, dot)) for n, (dot, _) in variants.items()}
         res = interleaved_medians(fns, {n: (*w, x) for n, (_, w) in variants.items()}, args.reps)
         for n, t in res.items():
-            print(f"matmul chain  batch {b:3d}  {n:26s} {t * 1e3:8.1f} ms  {res['float32'] / t:5.2f}x float32", flush=True)
+            print(
+                f"matmul chain  batch {b:3d}  {n:26s} {t * 1e3:8.1f} ms  {res['float32'] / t:5.2f}x float32", flush=True
+            )
         n_kv, g, s, hd = b * 3, 3, 256, 64
         q = jnp.asarray(rng.standard_normal((n_kv, g, hd), np.float32))
         k = jnp.asarray(rng.standard_normal((n_kv, s, hd), np.float32))
@@ -102,10 +109,15 @@ def main(argv=None):
                 q = q + 1e-3 * attention(q, *kv)
             return q
 
-        res = interleaved_medians({"float32": jax.jit(layers), "int8": jax.jit(layers)},
-                                {"float32": (q, k, v), "int8": (q, k8, v8, ks, vs)}, args.reps)
+        res = interleaved_medians(
+            {"float32": jax.jit(layers), "int8": jax.jit(layers)},
+            {"float32": (q, k, v), "int8": (q, k8, v8, ks, vs)},
+            args.reps,
+        )
         for n, t in res.items():
-            print(f"attention x30 batch {b:3d}  {n:26s} {t * 1e3:8.1f} ms  {res['float32'] / t:5.2f}x float32", flush=True)
+            print(
+                f"attention x30 batch {b:3d}  {n:26s} {t * 1e3:8.1f} ms  {res['float32'] / t:5.2f}x float32", flush=True
+            )
 
 
 def quant_kv(x, axis):

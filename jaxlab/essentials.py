@@ -30,8 +30,15 @@ from .model import Params, forward, rope_cos_sin
 from .profile import CompileCounter, time_fn
 
 __all__ = [
-    "block_step", "block_inputs", "prompt_inputs", "forward_logits", "EagerVsJit", "eager_vs_jit",
-    "compile_log", "time_unsynced", "per_call_seconds",
+    "block_step",
+    "block_inputs",
+    "prompt_inputs",
+    "forward_logits",
+    "EagerVsJit",
+    "eager_vs_jit",
+    "compile_log",
+    "time_unsynced",
+    "per_call_seconds",
 ]
 
 
@@ -111,9 +118,15 @@ class EagerVsJit:
         return float("inf") if saved <= 0 else self.jit_compile_s / saved
 
     def row(self, label: str) -> dict:
-        return {"what": label, "eager ms": self.eager_s * 1e3, "jit ms": self.jit_s * 1e3,
-                "speed-up x": self.speedup, "compile ms": self.jit_compile_s * 1e3,
-                "break-even calls": self.calls_to_break_even, "max |eager-jit|": self.max_abs_diff}
+        return {
+            "what": label,
+            "eager ms": self.eager_s * 1e3,
+            "jit ms": self.jit_s * 1e3,
+            "speed-up x": self.speedup,
+            "compile ms": self.jit_compile_s * 1e3,
+            "break-even calls": self.calls_to_break_even,
+            "max |eager-jit|": self.max_abs_diff,
+        }
 
 
 def eager_vs_jit(fn: Callable, *args: Any, repeats: int = 3, rtol: float = 1e-4, atol: float = 1e-4) -> EagerVsJit:
@@ -133,10 +146,14 @@ def eager_vs_jit(fn: Callable, *args: Any, repeats: int = 3, rtol: float = 1e-4,
     jitted = jax.jit(lambda *a: fn(*a))
     compiled = time_fn(jitted, *args, repeats=repeats, warmup=1)
     jit_out = jitted(*args)
-    diffs = [float(np.max(np.abs(np.asarray(e, np.float64) - np.asarray(j, np.float64))))
-             for e, j in zip(jax.tree.leaves(eager_out), jax.tree.leaves(jit_out))]
-    same = all(np.allclose(np.asarray(e), np.asarray(j), rtol=rtol, atol=atol)
-               for e, j in zip(jax.tree.leaves(eager_out), jax.tree.leaves(jit_out)))
+    diffs = [
+        float(np.max(np.abs(np.asarray(e, np.float64) - np.asarray(j, np.float64))))
+        for e, j in zip(jax.tree.leaves(eager_out), jax.tree.leaves(jit_out))
+    ]
+    same = all(
+        np.allclose(np.asarray(e), np.asarray(j), rtol=rtol, atol=atol)
+        for e, j in zip(jax.tree.leaves(eager_out), jax.tree.leaves(jit_out))
+    )
     return EagerVsJit(eager_first, eager.min, compiled.compile_s, compiled.min, max(diffs, default=0.0), same)
 
 

@@ -66,8 +66,19 @@ from .model import Params, forward
 MAGIC = b"JAXLABX1"
 _DIGEST = 32
 
-__all__ = ["decode_step", "export_decode_step", "save", "load", "run_exported", "greedy_decode", "top_ops",
-           "ttft_in_fresh_process", "compile_in_fresh_process", "exported_in_fresh_process", "tiny_params"]
+__all__ = [
+    "decode_step",
+    "export_decode_step",
+    "save",
+    "load",
+    "run_exported",
+    "greedy_decode",
+    "top_ops",
+    "ttft_in_fresh_process",
+    "compile_in_fresh_process",
+    "exported_in_fresh_process",
+    "tiny_params",
+]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -99,8 +110,9 @@ def _cache_args(cache: KVCache) -> tuple:
     return (tuple(cache.k), tuple(cache.v), cache.pos, cache.index)
 
 
-def export_decode_step(params: Params, batch: int | None = 1, cache_len: int = 256, *,
-                       platforms: Sequence[str] | None = None) -> jax.export.Exported:
+def export_decode_step(
+    params: Params, batch: int | None = 1, cache_len: int = 256, *, platforms: Sequence[str] | None = None
+) -> jax.export.Exported:
     """Export the greedy decode step for ``batch`` rows (None: any batch) and ``cache_len`` cache slots.
 
     The weights are arguments (see the module docstring): the exported function is
@@ -114,7 +126,15 @@ def export_decode_step(params: Params, batch: int | None = 1, cache_len: int = 2
     weights = tuple(sds(w.shape, w.dtype) for w in jax.tree.leaves(params))
     k = tuple(sds((b * cfg.n_kv_heads, cache_len, cfg.head_dim), dtype) for _ in range(cfg.n_layers))
     v = tuple(sds((b * cfg.n_kv_heads, cfg.head_dim, cache_len), dtype) for _ in range(cfg.n_layers))
-    args = (weights, sds((b,), jnp.int32), sds((b,), jnp.int32), k, v, sds((b, cache_len), jnp.int32), sds((), jnp.int32))
+    args = (
+        weights,
+        sds((b,), jnp.int32),
+        sds((b,), jnp.int32),
+        k,
+        v,
+        sds((b, cache_len), jnp.int32),
+        sds((), jnp.int32),
+    )
     return jax.export.export(jax.jit(_flat_step(jax.tree.structure(params))), platforms=platforms)(*args)
 
 
@@ -127,17 +147,26 @@ def run_exported(exported: jax.export.Exported, params: Params, tokens, position
     args = (weights, jnp.asarray(tokens, jnp.int32), jnp.asarray(positions, jnp.int32), *_cache_args(cache))
     leaves = jax.tree.leaves(args)
     if len(leaves) != len(exported.in_avals):
-        raise ConfigError(f"the exported step takes {len(exported.in_avals)} arrays, got {len(leaves)}: "
-                          "were the weights or the cache made for another model config?")
+        raise ConfigError(
+            f"the exported step takes {len(exported.in_avals)} arrays, got {len(leaves)}: "
+            "were the weights or the cache made for another model config?"
+        )
     for i, (leaf, aval) in enumerate(zip(leaves, exported.in_avals)):
         dims_fit = len(leaf.shape) == len(aval.shape) and all(
-            not isinstance(d, int) or d == s for d, s in zip(aval.shape, leaf.shape))
+            not isinstance(d, int) or d == s for d, s in zip(aval.shape, leaf.shape)
+        )
         if not dims_fit or leaf.dtype != aval.dtype:
-            names = ([f"weight {j}" for j in range(len(weights))] + ["tokens", "positions"]
-                     + [f"cache.k[{j}]" for j in range(len(cache.k))] + [f"cache.v[{j}]" for j in range(len(cache.v))]
-                     + ["cache.pos", "cache.index"])
-            raise ConfigError(f"{names[i]} is {leaf.dtype}{list(leaf.shape)}, but the exported step was made for "
-                              f"{aval.dtype}{list(aval.shape)}: export it again for this batch size / cache length")
+            names = (
+                [f"weight {j}" for j in range(len(weights))]
+                + ["tokens", "positions"]
+                + [f"cache.k[{j}]" for j in range(len(cache.k))]
+                + [f"cache.v[{j}]" for j in range(len(cache.v))]
+                + ["cache.pos", "cache.index"]
+            )
+            raise ConfigError(
+                f"{names[i]} is {leaf.dtype}{list(leaf.shape)}, but the exported step was made for "
+                f"{aval.dtype}{list(aval.shape)}: export it again for this batch size / cache length"
+            )
     nxt, logits, k, v, pos, index = _jitted_call(exported)(*args)
     return nxt, logits, KVCache(tuple(k), tuple(v), pos, index)
 
@@ -156,8 +185,9 @@ def _jitted_call(exported: jax.export.Exported) -> Callable:
     return hit[1]
 
 
-def greedy_decode(step: Callable, params: Params, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                  cache_len: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def greedy_decode(
+    step: Callable, params: Params, prompts: Sequence[Sequence[int]], max_new_tokens: int, cache_len: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Greedy generation with a decode step only: the prompt goes in one token per step, then the
     step's own tokens. ``step(params, tokens [B], positions [B], cache) -> (next [B], logits [B, V], cache)``
     (e.g. ``jax.jit(decode_step)`` or ``lambda *a: run_exported(exported, *a)``).
@@ -170,8 +200,8 @@ def greedy_decode(step: Callable, params: Params, prompts: Sequence[Sequence[int
     tokens = np.full((b, longest), cfg.pad_id, np.int32)
     positions = np.full((b, longest), -1, np.int32)
     for i, p in enumerate(prompts):
-        tokens[i, longest - len(p):] = p
-        positions[i, longest - len(p):] = np.arange(len(p))
+        tokens[i, longest - len(p) :] = p
+        positions[i, longest - len(p) :] = np.arange(len(p))
     for c in range(longest):
         nxt, logits, cache = step(params, jnp.asarray(tokens[:, c]), jnp.asarray(positions[:, c]), cache)
     pos = np.array([len(p) for p in prompts], np.int32)
@@ -213,9 +243,11 @@ def load(path: str | os.PathLike) -> jax.export.Exported:
         raise ModelFileError(f"exported program {path} is empty")
     payload = data
     if data.startswith(MAGIC):
-        digest, payload = data[len(MAGIC):len(MAGIC) + _DIGEST], data[len(MAGIC) + _DIGEST:]
+        digest, payload = data[len(MAGIC) : len(MAGIC) + _DIGEST], data[len(MAGIC) + _DIGEST :]
         if hashlib.sha256(payload).digest() != digest:
-            raise ModelFileError(f"exported program {path} is corrupt or truncated (checksum mismatch): export it again")
+            raise ModelFileError(
+                f"exported program {path} is corrupt or truncated (checksum mismatch): export it again"
+            )
     try:
         return jax.export.deserialize(bytearray(payload))
     except ImportError as e:
@@ -268,8 +300,11 @@ def top_ops(trace_dir: str | os.PathLike, n: int = 10, hlo: str | None = None, b
         if op is None:
             continue
         if by == "weight":
-            op = (re.sub(r"\.\d+\.", ".*.", ", ".join(reads[op])) if op in reads
-                  else re.sub(r"\.\d+$", "", op) + " (no weight)")
+            op = (
+                re.sub(r"\.\d+\.", ".*.", ", ".join(reads[op]))
+                if op in reads
+                else re.sub(r"\.\d+$", "", op) + " (no weight)"
+            )
         total[op] += float(e.get("dur", 0.0))
         calls[op] += 1
     whole = sum(total.values()) or 1.0
@@ -294,8 +329,10 @@ def tiny_params(seed: int = 0) -> Params:
     from .model import param_shapes, params_from_flat
 
     cfg, rng = tiny(), np.random.default_rng(seed)
-    flat = {name: (rng.normal(0.0, 0.2, shape) if len(shape) > 1 else 1.0 + rng.normal(0.0, 0.1, shape)).astype(np.float32)
-            for name, shape in param_shapes(cfg).items()}
+    flat = {
+        name: (rng.normal(0.0, 0.2, shape) if len(shape) > 1 else 1.0 + rng.normal(0.0, 0.1, shape)).astype(np.float32)
+        for name, shape in param_shapes(cfg).items()
+    }
     return params_from_flat(cfg, flat)
 
 
@@ -326,8 +363,13 @@ def _run_child(command: str, args: dict, cache_dir=None, timeout: float = 300) -
     from .hardware import figure_note
 
     args = dict(args, launched=time.time())
-    proc = subprocess.run([sys.executable, "-m", "jaxlab.export", command, json.dumps(args)], capture_output=True,
-                          text=True, env=_child_env(cache_dir), timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxlab.export", command, json.dumps(args)],
+        capture_output=True,
+        text=True,
+        env=_child_env(cache_dir),
+        timeout=timeout,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"child process `{command}` failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -336,8 +378,13 @@ def _run_child(command: str, args: dict, cache_dir=None, timeout: float = 300) -
     return out
 
 
-def ttft_in_fresh_process(prompt_ids: Sequence[int], cache_dir: str | os.PathLike | None, max_new_tokens: int = 8,
-                          model: str = "default", timeout: float = 300) -> dict:
+def ttft_in_fresh_process(
+    prompt_ids: Sequence[int],
+    cache_dir: str | os.PathLike | None,
+    max_new_tokens: int = 8,
+    model: str = "default",
+    timeout: float = 300,
+) -> dict:
     """Start a fresh Python, load the model, and time one chat request with ``Generator.generate``.
 
     ``cache_dir``: the persistent compilation cache folder for the child (None: no persistent cache).
@@ -348,20 +395,31 @@ def ttft_in_fresh_process(prompt_ids: Sequence[int], cache_dir: str | os.PathLik
     ``platform`` / ``backend`` (where the child ran), ``note`` (e.g. "CPU figure: the TPU is held by this
     process" when that is not this process's backend, else None), ``text`` and ``process_s`` (wall time of
     the child, seen from here)."""
-    return _run_child("ttft", {"prompt_ids": list(map(int, prompt_ids)), "max_new_tokens": max_new_tokens,
-                               "model": model}, cache_dir, timeout)
+    return _run_child(
+        "ttft",
+        {"prompt_ids": list(map(int, prompt_ids)), "max_new_tokens": max_new_tokens, "model": model},
+        cache_dir,
+        timeout,
+    )
 
 
-def compile_in_fresh_process(cache_dir: str | os.PathLike | None, model: str = "tiny", batch: int = 1,
-                             cache_len: int = 64, timeout: float = 300) -> dict:
+def compile_in_fresh_process(
+    cache_dir: str | os.PathLike | None, model: str = "tiny", batch: int = 1, cache_len: int = 64, timeout: float = 300
+) -> dict:
     """Compile the jitted decode step (AOT) in a fresh process; -> ``compiles``, ``cache_hits``,
     ``compile_s``, ``cache_files`` (files in ``cache_dir`` afterwards), ``platform``."""
     return _run_child("compile", {"model": model, "batch": batch, "cache_len": cache_len}, cache_dir, timeout)
 
 
-def exported_in_fresh_process(path: str | os.PathLike, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                              cache_len: int, model: str = "default", cache_dir: str | os.PathLike | None = None,
-                              timeout: float = 300) -> dict:
+def exported_in_fresh_process(
+    path: str | os.PathLike,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    cache_len: int,
+    model: str = "default",
+    cache_dir: str | os.PathLike | None = None,
+    timeout: float = 300,
+) -> dict:
     """Load the exported step at ``path`` in a fresh process that never imports the model's code for it,
     and run :func:`greedy_decode` with it on ``model``'s weights (``"tiny"``: :func:`tiny_params`).
     ``cache_dir``: a persistent compilation cache for the child (None: none, it compiles the program).
@@ -371,9 +429,19 @@ def exported_in_fresh_process(path: str | os.PathLike, prompts: Sequence[Sequenc
     ``cache_dir``, and one step), ``decode_s`` (then the whole greedy decoding), ``compiles``, ``cache_hits``."""
     with tempfile.TemporaryDirectory(prefix="jaxlab-export-") as tmp:
         out_file = Path(tmp) / "out.npz"
-        out = _run_child("run-exported", {"path": str(path), "prompts": [list(map(int, p)) for p in prompts],
-                                          "max_new_tokens": max_new_tokens, "cache_len": cache_len, "model": model,
-                                          "out": str(out_file)}, cache_dir, timeout)
+        out = _run_child(
+            "run-exported",
+            {
+                "path": str(path),
+                "prompts": [list(map(int, p)) for p in prompts],
+                "max_new_tokens": max_new_tokens,
+                "cache_len": cache_len,
+                "model": model,
+                "out": str(out_file),
+            },
+            cache_dir,
+            timeout,
+        )
         with np.load(out_file) as arrays:
             out["tokens"], out["logits"] = arrays["tokens"], arrays["logits"]
     return out
@@ -391,8 +459,12 @@ def _child_main(command: str, args: dict) -> dict:
     cache_dir = os.environ.get("JAXLAB_COMPILE_CACHE")
     if cache_dir:
         compile_cache.enable(cache_dir)
-    out: dict[str, Any] = {"platform": jax.default_backend(), "backend": jax.default_backend(),
-                           "device_kind": jax.devices()[0].device_kind, "startup_s": time.time() - args["launched"]}
+    out: dict[str, Any] = {
+        "platform": jax.default_backend(),
+        "backend": jax.default_backend(),
+        "device_kind": jax.devices()[0].device_kind,
+        "startup_s": time.time() - args["launched"],
+    }
     if command == "ttft":
         t0 = time.perf_counter()
         from .generate import Generator
@@ -404,11 +476,19 @@ def _child_main(command: str, args: dict) -> dict:
         first: list[float] = []
         with CompileCounter() as cc:
             t0 = time.perf_counter()
-            result = gen.generate([args["prompt_ids"]], args["max_new_tokens"], ignore_eos=True,
-                                  on_text=lambda row, piece: first or first.append(time.perf_counter()))
+            result = gen.generate(
+                [args["prompt_ids"]],
+                args["max_new_tokens"],
+                ignore_eos=True,
+                on_text=lambda row, piece: first or first.append(time.perf_counter()),
+            )
             out["total_s"] = time.perf_counter() - t0
-        out.update(ttft_s=(first[0] if first else time.perf_counter()) - t0, compile_s=result[0].compile_seconds,
-                   text=result[0].text, tokens=result[0].generated_ids)
+        out.update(
+            ttft_s=(first[0] if first else time.perf_counter()) - t0,
+            compile_s=result[0].compile_seconds,
+            text=result[0].text,
+            tokens=result[0].generated_ids,
+        )
     elif command == "compile":
         params = _params_for(args["model"])
         cache = init_cache(params.config, args["batch"], args["cache_len"], params.policy.jnp_dtype)
@@ -423,18 +503,27 @@ def _child_main(command: str, args: dict) -> dict:
         out["load_s"] = time.perf_counter() - t0
         here = jax.export.default_export_platform()
         if here not in exported.platforms:  # e.g. lowered for a TPU that the parent holds: this child runs on the CPU
-            raise ConfigError(f"the exported step was lowered for {', '.join(exported.platforms)}, and this process "
-                              f"runs on {here}: export it with platforms=(..., {here!r})")
+            raise ConfigError(
+                f"the exported step was lowered for {', '.join(exported.platforms)}, and this process "
+                f"runs on {here}: export it with platforms=(..., {here!r})"
+            )
         params = _params_for(args["model"], dtype=str(exported.in_avals[0].dtype))  # the weights it was made for
         b = len(args["prompts"])
         with CompileCounter() as cc:
             t0 = time.perf_counter()  # compile (or load from the cache) + one step, on an empty cache
             empty = init_cache(params.config, b, args["cache_len"], params.policy.jnp_dtype)
-            jax.block_until_ready(run_exported(exported, params, jnp.zeros((b,), jnp.int32), jnp.zeros((b,), jnp.int32), empty))
+            jax.block_until_ready(
+                run_exported(exported, params, jnp.zeros((b,), jnp.int32), jnp.zeros((b,), jnp.int32), empty)
+            )
             out["first_call_s"] = time.perf_counter() - t0
             t0 = time.perf_counter()
-            tokens, logits = greedy_decode(lambda *a: run_exported(exported, *a), params, args["prompts"],
-                                           args["max_new_tokens"], args["cache_len"])
+            tokens, logits = greedy_decode(
+                lambda *a: run_exported(exported, *a),
+                params,
+                args["prompts"],
+                args["max_new_tokens"],
+                args["cache_len"],
+            )
             out["decode_s"] = time.perf_counter() - t0
         np.savez(args["out"], tokens=tokens, logits=logits)
         out["fun_name"] = exported.fun_name

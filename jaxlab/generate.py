@@ -98,8 +98,15 @@ class Generator:
     ahead of time with ``jit(...).lower(...).compile()``: the time spent compiling is measured exactly
     and reported with each result, and calls with a known signature never compile again."""
 
-    def __init__(self, params: Params, tokenizer=None, *, prefill_buckets=PREFILL_BUCKETS,
-                 cache_buckets=CACHE_BUCKETS, cache_dtype=None):
+    def __init__(
+        self,
+        params: Params,
+        tokenizer=None,
+        *,
+        prefill_buckets=PREFILL_BUCKETS,
+        cache_buckets=CACHE_BUCKETS,
+        cache_dtype=None,
+    ):
         self.params = params
         self.tokenizer = tokenizer
         self.config = params.config
@@ -157,8 +164,13 @@ class Generator:
             for n in prompt_lens or self.prefill_buckets:
                 for g in greedy:
                     sp = SamplingParams() if g else SamplingParams(temperature=1.0)
-                    self.generate([[self.config.bos_id] * n] * b, max_new_tokens=2, sampling=sp,
-                                  ignore_eos=True, _cache_for=max_new_tokens)
+                    self.generate(
+                        [[self.config.bos_id] * n] * b,
+                        max_new_tokens=2,
+                        sampling=sp,
+                        ignore_eos=True,
+                        _cache_for=max_new_tokens,
+                    )
         return self.compile_seconds_total - before
 
     # -- generation --------------------------------------------------------------------------
@@ -193,7 +205,9 @@ class Generator:
                 raise InvalidRequestError(f"prompt {i} is empty: give at least one token")
             bad = [t for t in p if not 0 <= t < cfg.vocab_size]
             if bad:
-                raise InvalidRequestError(f"prompt {i} has token ids outside the vocabulary [0, {cfg.vocab_size}): {bad[:5]}")
+                raise InvalidRequestError(
+                    f"prompt {i} has token ids outside the vocabulary [0, {cfg.vocab_size}): {bad[:5]}"
+                )
         if (stop or on_text) and self.tokenizer is None:
             raise InvalidRequestError("stop strings and streaming need a tokenizer: Generator(params, tokenizer)")
         if key is None:
@@ -210,8 +224,14 @@ class Generator:
         samp = sampling.arrays()
         key, sub = jax.random.split(key)
         for c in range(0, padded, chunk):
-            args = (self.params, jnp.asarray(tokens[:, c:c + chunk]), jnp.asarray(positions[:, c:c + chunk]), cache,
-                    sub, *samp)
+            args = (
+                self.params,
+                jnp.asarray(tokens[:, c : c + chunk]),
+                jnp.asarray(positions[:, c : c + chunk]),
+                cache,
+                sub,
+                *samp,
+            )
             fn, cs = self._get("prefill", self._jit_prefill, args, {"greedy": sampling.greedy})
             compile_s += cs
             nxt, logp, cache = fn(*args)
@@ -234,7 +254,7 @@ class Generator:
 
         def emit(i, upto):
             if on_text is not None and upto > sent[i]:
-                on_text(i, safe[i][sent[i]:upto])
+                on_text(i, safe[i][sent[i] : upto])
                 sent[i] = upto
 
         pos = np.asarray(lens, np.int32)
@@ -285,11 +305,18 @@ class Generator:
                 text = safe[i]
             else:
                 text = self.tokenizer.decode(out_ids[i]) if self.tokenizer is not None else ""
-            results.append(GenerationResult(
-                prompt_ids=prompts[i], generated_ids=out_ids[i], text=text, finish_reason=finish[i] or "length",
-                logprobs=out_logp[i] if logprobs else None, prefill_seconds=t_prefill,
-                decode_seconds=t_decode, compile_seconds=compile_s,
-            ))
+            results.append(
+                GenerationResult(
+                    prompt_ids=prompts[i],
+                    generated_ids=out_ids[i],
+                    text=text,
+                    finish_reason=finish[i] or "length",
+                    logprobs=out_logp[i] if logprobs else None,
+                    prefill_seconds=t_prefill,
+                    decode_seconds=t_decode,
+                    compile_seconds=compile_s,
+                )
+            )
         return results
 
 
@@ -298,8 +325,15 @@ def _find_stop(text: str, stop: Sequence[str]) -> int | None:
     return min(hits) if hits else None
 
 
-def decode_on_device(params: Params, first_tokens, first_positions, cache: KVCache, steps: int, key=None,
-                     sampling: SamplingParams | None = None):
+def decode_on_device(
+    params: Params,
+    first_tokens,
+    first_positions,
+    cache: KVCache,
+    steps: int,
+    key=None,
+    sampling: SamplingParams | None = None,
+):
     """The whole decode loop on device: ``steps`` tokens for every row, one ``lax.fori_loop``.
 
     first_tokens, first_positions [B]; returns tokens [B, steps] and the cache. EOS is not checked

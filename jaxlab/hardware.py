@@ -27,8 +27,19 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Chip", "CHIPS", "chip_for", "current_chip", "describe_peaks", "backend_started", "accelerator_hint",
-           "fallback_note", "child_env", "figure_note", "jax_pin"]
+__all__ = [
+    "Chip",
+    "CHIPS",
+    "chip_for",
+    "current_chip",
+    "describe_peaks",
+    "backend_started",
+    "accelerator_hint",
+    "fallback_note",
+    "child_env",
+    "figure_note",
+    "jax_pin",
+]
 
 _GCP_TPU = "Google Cloud TPU docs, system architecture page for"
 _NV = "NVIDIA datasheet,"
@@ -65,34 +76,74 @@ class Chip:
 GB, GIB, T = 1e9, float(1 << 30), 1e12
 
 #: Every chip with published peaks, by short name.
-CHIPS: dict[str, Chip] = {c.name: c for c in (
-    # Google publishes no table on the v2 page; the numbers are from the paper its page points to.
-    Chip("TPU v2", 46 * T, "bfloat16", 700 * GB, 16 * GIB,
-         "Jouppi et al., 'A Domain-Specific Supercomputer for Training Deep Neural Networks', CACM 2020, table 3 "
-         "(linked from the Google Cloud TPU v2 page)", devices_per_chip=2),
-    Chip("TPU v3", 123 * T, "bfloat16", 900 * GB, 32 * GIB, f"{_GCP_TPU} TPU v3", devices_per_chip=2),
-    Chip("TPU v4", 275 * T, "bfloat16", 1200 * GB, 32 * GIB, f"{_GCP_TPU} TPU v4"),
-    Chip("TPU v5e", 197 * T, "bfloat16", 819 * GB, 16 * GB, f"{_GCP_TPU} TPU v5e"),
-    Chip("TPU v5p", 459 * T, "bfloat16", 2765 * GB, 95 * GB, f"{_GCP_TPU} TPU v5p"),
-    Chip("TPU v6e", 918 * T, "bfloat16", 1638 * GB, 32 * GB, f"{_GCP_TPU} TPU v6e (Trillium)"),
-    Chip("NVIDIA T4", 65 * T, "float16", 320 * GB, 16 * GB,
-         f"{_NV} Tesla T4: mixed-precision (FP16/FP32) tensor cores; the T4 has no bfloat16"),
-    Chip("NVIDIA L4", 121 * T, "bfloat16", 300 * GB, 24 * GB,
-         f"{_NV} L4: BF16 tensor core 242 TFLOPS with sparsity, so 121 dense"),
-    Chip("NVIDIA A100 40GB SXM", 312 * T, "bfloat16", 1555 * GB, 40 * GB, f"{_NV} A100 40GB SXM (dense BF16)"),
-    Chip("NVIDIA A100 80GB SXM", 312 * T, "bfloat16", 2039 * GB, 80 * GB, f"{_NV} A100 80GB SXM (dense BF16)"),
-    Chip("NVIDIA H100 SXM", 989 * T, "bfloat16", 3350 * GB, 80 * GB,
-         f"{_NV} H100 SXM: BF16 tensor core 1,979 TFLOPS with sparsity, so 989 dense"),
-    Chip("NVIDIA H200", 989 * T, "bfloat16", 4800 * GB, 141 * GB,
-         f"{_NV} H200 SXM: BF16 tensor core 1,979 TFLOPS with sparsity, so 989 dense"),
-)}
+CHIPS: dict[str, Chip] = {
+    c.name: c
+    for c in (
+        # Google publishes no table on the v2 page; the numbers are from the paper its page points to.
+        Chip(
+            "TPU v2",
+            46 * T,
+            "bfloat16",
+            700 * GB,
+            16 * GIB,
+            "Jouppi et al., 'A Domain-Specific Supercomputer for Training Deep Neural Networks', CACM 2020, table 3 "
+            "(linked from the Google Cloud TPU v2 page)",
+            devices_per_chip=2,
+        ),
+        Chip("TPU v3", 123 * T, "bfloat16", 900 * GB, 32 * GIB, f"{_GCP_TPU} TPU v3", devices_per_chip=2),
+        Chip("TPU v4", 275 * T, "bfloat16", 1200 * GB, 32 * GIB, f"{_GCP_TPU} TPU v4"),
+        Chip("TPU v5e", 197 * T, "bfloat16", 819 * GB, 16 * GB, f"{_GCP_TPU} TPU v5e"),
+        Chip("TPU v5p", 459 * T, "bfloat16", 2765 * GB, 95 * GB, f"{_GCP_TPU} TPU v5p"),
+        Chip("TPU v6e", 918 * T, "bfloat16", 1638 * GB, 32 * GB, f"{_GCP_TPU} TPU v6e (Trillium)"),
+        Chip(
+            "NVIDIA T4",
+            65 * T,
+            "float16",
+            320 * GB,
+            16 * GB,
+            f"{_NV} Tesla T4: mixed-precision (FP16/FP32) tensor cores; the T4 has no bfloat16",
+        ),
+        Chip(
+            "NVIDIA L4",
+            121 * T,
+            "bfloat16",
+            300 * GB,
+            24 * GB,
+            f"{_NV} L4: BF16 tensor core 242 TFLOPS with sparsity, so 121 dense",
+        ),
+        Chip("NVIDIA A100 40GB SXM", 312 * T, "bfloat16", 1555 * GB, 40 * GB, f"{_NV} A100 40GB SXM (dense BF16)"),
+        Chip("NVIDIA A100 80GB SXM", 312 * T, "bfloat16", 2039 * GB, 80 * GB, f"{_NV} A100 80GB SXM (dense BF16)"),
+        Chip(
+            "NVIDIA H100 SXM",
+            989 * T,
+            "bfloat16",
+            3350 * GB,
+            80 * GB,
+            f"{_NV} H100 SXM: BF16 tensor core 1,979 TFLOPS with sparsity, so 989 dense",
+        ),
+        Chip(
+            "NVIDIA H200",
+            989 * T,
+            "bfloat16",
+            4800 * GB,
+            141 * GB,
+            f"{_NV} H200 SXM: BF16 tensor core 1,979 TFLOPS with sparsity, so 989 dense",
+        ),
+    )
+}
 
 # device_kind (lower case, as jax reports it) -> chip; the GPU names are matched by pattern below.
 _TPU_KINDS = {
-    "tpu v2": "TPU v2", "tpu v3": "TPU v3", "tpu v4": "TPU v4",
-    "tpu v5 lite": "TPU v5e", "tpu v5e": "TPU v5e", "tpu v5litepod": "TPU v5e",
-    "tpu v5": "TPU v5p", "tpu v5p": "TPU v5p",
-    "tpu v6 lite": "TPU v6e", "tpu v6e": "TPU v6e",
+    "tpu v2": "TPU v2",
+    "tpu v3": "TPU v3",
+    "tpu v4": "TPU v4",
+    "tpu v5 lite": "TPU v5e",
+    "tpu v5e": "TPU v5e",
+    "tpu v5litepod": "TPU v5e",
+    "tpu v5": "TPU v5p",
+    "tpu v5p": "TPU v5p",
+    "tpu v6 lite": "TPU v6e",
+    "tpu v6e": "TPU v6e",
 }
 _GPU_PATTERNS = (  # first match wins; PCIe/NVL boards have other clocks and memory, so they stay unknown
     (r"\bt4\b", "NVIDIA T4"),
@@ -131,9 +182,11 @@ def describe_peaks(chip: Chip | None, device_kind: str = "cpu") -> str:
             return "CPU: no published peak; see `jaxlab bench` for measured ceilings"
         return f"{device_kind}: no published peaks in jaxlab.hardware.CHIPS; see `jaxlab bench` for measured ceilings"
     per = f" per chip ({chip.devices_per_chip} jax devices each)" if chip.devices_per_chip > 1 else ""
-    return (f"{chip.name}: {chip.peak_flops / T:,.0f} TFLOP/s {chip.peak_dtype} (dense), "
-            f"{chip.hbm_bandwidth / GB:,.0f} GB/s memory, {chip.hbm_bytes / GB:,.0f} GB{per}; ridge "
-            f"{chip.ridge:.0f} FLOP/B; source: {chip.source}")
+    return (
+        f"{chip.name}: {chip.peak_flops / T:,.0f} TFLOP/s {chip.peak_dtype} (dense), "
+        f"{chip.hbm_bandwidth / GB:,.0f} GB/s memory, {chip.hbm_bytes / GB:,.0f} GB{per}; ridge "
+        f"{chip.ridge:.0f} FLOP/B; source: {chip.source}"
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -153,12 +206,15 @@ def backend_started() -> bool:
 
 
 def accelerator_hint(env: dict | None = None, root: str = "/") -> str | None:
-    """"tpu" or "gpu" when the machine has one (device files, TPU environment variables), whether or not
+    """ "tpu" or "gpu" when the machine has one (device files, TPU environment variables), whether or not
     jax can use it; None when it shows none. Used to say plainly that a CPU figure is a fallback."""
     env = os.environ if env is None else env
     dev = Path(root) / "dev"
-    if any(env.get(k) for k in ("TPU_ACCELERATOR_TYPE", "TPU_NAME", "COLAB_TPU_ADDR", "TPU_WORKER_ID")) \
-            or any(dev.glob("accel[0-9]*")) or any(dev.glob("vfio/[0-9]*")):
+    if (
+        any(env.get(k) for k in ("TPU_ACCELERATOR_TYPE", "TPU_NAME", "COLAB_TPU_ADDR", "TPU_WORKER_ID"))
+        or any(dev.glob("accel[0-9]*"))
+        or any(dev.glob("vfio/[0-9]*"))
+    ):
         return "tpu"
     if (dev / "nvidia0").exists() or (dev / "nvidiactl").exists():
         return "gpu"
@@ -177,8 +233,10 @@ def fallback_note(backend: str, hint: str | None = "detect", env: dict | None = 
     what = hint.upper()
     if env.get("JAX_PLATFORMS", "").strip().lower() == "cpu":
         return f"the machine has a {what}, but JAX_PLATFORMS=cpu keeps this process on the CPU: its figures are CPU figures"
-    return (f"the machine has a {what}, but this process runs on the CPU: another process (e.g. a notebook kernel) "
-            f"holds the {what}, or this jax cannot use it; its figures are CPU figures")
+    return (
+        f"the machine has a {what}, but this process runs on the CPU: another process (e.g. a notebook kernel) "
+        f"holds the {what}, or this jax cannot use it; its figures are CPU figures"
+    )
 
 
 def child_env(base: dict | None = None) -> dict:

@@ -68,8 +68,10 @@ def init_cache(cfg: LlamaConfig, batch: int, length: int, dtype=jnp.float32) -> 
     dtype = jnp.dtype(dtype)
     scales = {}
     if dtype == jnp.int8:
-        scales = dict(k_scale=tuple(jnp.zeros((batch * cfg.n_kv_heads, length), jnp.float32) for _ in range(cfg.n_layers)),
-                      v_scale=tuple(jnp.zeros((batch * cfg.n_kv_heads, length), jnp.float32) for _ in range(cfg.n_layers)))
+        scales = dict(
+            k_scale=tuple(jnp.zeros((batch * cfg.n_kv_heads, length), jnp.float32) for _ in range(cfg.n_layers)),
+            v_scale=tuple(jnp.zeros((batch * cfg.n_kv_heads, length), jnp.float32) for _ in range(cfg.n_layers)),
+        )
     elif not jnp.issubdtype(dtype, jnp.floating):
         raise ValueError(f"KV cache dtype must be a float type or int8, got {dtype}")
     return KVCache(
@@ -109,6 +111,6 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, length: int | None =
     tokens = np.full((len(prompts), length), pad_id, np.int32)
     positions = np.full((len(prompts), length), -1, np.int32)
     for i, p in enumerate(prompts):
-        tokens[i, length - len(p):] = p
-        positions[i, length - len(p):] = np.arange(len(p))
+        tokens[i, length - len(p) :] = p
+        positions[i, length - len(p) :] = np.arange(len(p))
     return tokens, positions

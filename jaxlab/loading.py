@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import assets, quant as quantization
+from . import assets
+from . import quant as quantization
 from .errors import ConfigError, ModelFileError
 from .model import Params, backend_default_dtype, default_policy, params_from_flat
 from .weights import store
@@ -83,9 +84,11 @@ def check_quant(quant: str | None, group_size: int = quantization.DEFAULT_GROUP,
     """Raise :class:`ConfigError` for a quantization request that cannot run."""
     quantization.check_format(quant, group_size)
     if quant is not None and dtype not in ("float32", "auto"):
-        raise ConfigError(f"quantization ({quant}) starts from float32 parameters and computes in "
-                          f"{quantization.COMPUTES_IN[quant]}; load with dtype='float32' (drop dtype={dtype!r}); "
-                          "dtype='auto' loads float32 with quant")
+        raise ConfigError(
+            f"quantization ({quant}) starts from float32 parameters and computes in "
+            f"{quantization.COMPUTES_IN[quant]}; load with dtype='float32' (drop dtype={dtype!r}); "
+            "dtype='auto' loads float32 with quant"
+        )
 
 
 def quant_cache_key(quant: str, group_size: int = quantization.DEFAULT_GROUP) -> str:
@@ -128,8 +131,14 @@ def _float_params(kind, loc, policy, progress, use_cache):
     return params_from_flat(cfg, flat, policy, source=str(loc))
 
 
-def load_params(model=None, dtype: str = "auto", progress: bool | None = None, use_cache: bool = True,
-                quant: str | None = None, group_size: int = quantization.DEFAULT_GROUP):
+def load_params(
+    model=None,
+    dtype: str = "auto",
+    progress: bool | None = None,
+    use_cache: bool = True,
+    quant: str | None = None,
+    group_size: int = quantization.DEFAULT_GROUP,
+):
     """-> (Params, kind, location). Converted GGUF parameters are cached in the cache folder, and so are
     quantized ones (``quant``: one of :data:`jaxlab.quant.FORMATS`; ``group_size``: int4 only).
     ``dtype``: "auto" (the backend's default, see :func:`resolve_dtype`), "float32" or "bfloat16"."""
@@ -168,12 +177,21 @@ def load_tokenizer(kind: str, loc):
     return Tokenizer.from_hf(loc)
 
 
-def load(model: str | os.PathLike | None = None, dtype: str = "auto", progress: bool | None = None,
-         quant: str | None = None, group_size: int = quantization.DEFAULT_GROUP) -> Model:
+def load(
+    model: str | os.PathLike | None = None,
+    dtype: str = "auto",
+    progress: bool | None = None,
+    quant: str | None = None,
+    group_size: int = quantization.DEFAULT_GROUP,
+) -> Model:
     """Load a model and its tokenizer (see the module docstring for what ``model`` may be);
     ``dtype="auto"`` is the backend's default (float32 on a CPU, bfloat16 on TPU and GPUs with bfloat16
     tensor cores); ``quant`` ("int8", "int4", "w8a8") gives quantized parameters, cached after the
     first load, computing in float32."""
     params, kind, loc = load_params(model, dtype=dtype, progress=progress, quant=quant, group_size=group_size)
-    return Model(params=params, tokenizer=load_tokenizer(kind, loc), source=str(model or assets.DEFAULT_MODEL),
-                 path=Path(loc) if kind != "hub" else None)
+    return Model(
+        params=params,
+        tokenizer=load_tokenizer(kind, loc),
+        source=str(model or assets.DEFAULT_MODEL),
+        path=Path(loc) if kind != "hub" else None,
+    )

@@ -113,7 +113,10 @@ def backend_numerics(backend: str | None = None, device: Any = None) -> dict:
         if cc is not None and cc >= BF16_MIN_COMPUTE_CAPABILITY:
             dtype, reason = "bfloat16", f"GPU sm {cc[0]}{cc[1]}: bfloat16 tensor cores (float32 accumulation)"
         elif cc is not None:
-            dtype, reason = "float32", f"GPU sm {cc[0]}{cc[1]} < 80: no bfloat16 tensor cores; float32 (float16 unmeasured)"
+            dtype, reason = (
+                "float32",
+                f"GPU sm {cc[0]}{cc[1]} < 80: no bfloat16 tensor cores; float32 (float16 unmeasured)",
+            )
         else:
             dtype, reason = "float32", "GPU of unknown compute capability: float32 (the parity path)"
     else:
@@ -147,8 +150,13 @@ def _dense(x: Array, kernel: Array | QuantizedMatrix, policy: Policy) -> Array:
     if not isinstance(kernel, jax.Array):  # the quantization hook: a jaxlab.quant.QuantizedMatrix
         return kernel.dot(x).astype(jnp.float32)
     dt = policy.jnp_dtype
-    return jnp.einsum("...i,io->...o", x.astype(dt), kernel.astype(dt), precision=policy.lax_precision,
-                      preferred_element_type=jnp.float32)
+    return jnp.einsum(
+        "...i,io->...o",
+        x.astype(dt),
+        kernel.astype(dt),
+        precision=policy.lax_precision,
+        preferred_element_type=jnp.float32,
+    )
 
 
 class RMSNorm(nnx.Module):
@@ -250,18 +258,28 @@ class Attention(nnx.Module):
             scores = _int8_bmm(q, k, 2) * k_scale[:, None, :]
         else:
             # float32 out: under bfloat16 the scores would otherwise be rounded to 8 bits before the softmax
-            scores = jnp.einsum("nqd,nsd->nqs", q.astype(pol.jnp_dtype), k.astype(pol.jnp_dtype),
-                                precision=pol.lax_precision, preferred_element_type=jnp.float32)
+            scores = jnp.einsum(
+                "nqd,nsd->nqs",
+                q.astype(pol.jnp_dtype),
+                k.astype(pol.jnp_dtype),
+                precision=pol.lax_precision,
+                preferred_element_type=jnp.float32,
+            )
         s_len = scores.shape[-1]
-        scores = scores.astype(jnp.float32).reshape(b, cfg.n_kv_heads, cfg.q_per_kv, t, s_len) * (cfg.head_dim ** -0.5)
+        scores = scores.astype(jnp.float32).reshape(b, cfg.n_kv_heads, cfg.q_per_kv, t, s_len) * (cfg.head_dim**-0.5)
         visible = (key_positions[:, None, :] >= 0) & (key_positions[:, None, :] <= positions[:, :, None])
         scores = jnp.where(visible[:, None, None], scores, MASK_VALUE)  # visible [B, T, S]
         probs = jax.nn.softmax(scores, axis=-1).reshape(bk, g_t, s_len)
         if v_scale is not None:  # fold each value vector's scale into its attention weight
             out = _int8_bmm(probs * v_scale[:, None, :], v, 2)  # [B*KVH, G*T, Hd]
         else:
-            out = jnp.einsum("nqs,nds->nqd", probs.astype(pol.jnp_dtype), v.astype(pol.jnp_dtype),
-                             precision=pol.lax_precision, preferred_element_type=jnp.float32)
+            out = jnp.einsum(
+                "nqs,nds->nqd",
+                probs.astype(pol.jnp_dtype),
+                v.astype(pol.jnp_dtype),
+                precision=pol.lax_precision,
+                preferred_element_type=jnp.float32,
+            )
         out = out.reshape(b, cfg.n_kv_heads, cfg.q_per_kv, t, cfg.head_dim).transpose(0, 3, 1, 2, 4)
         out = out.reshape(b, t, cfg.n_heads * cfg.head_dim).astype(x.dtype)
         return _dense(out, self.wo.get_value(), pol), new_kv
@@ -306,7 +324,9 @@ class Llama(nnx.Module):
         policy = policy or default_policy()
         self.cfg = cfg
         self.policy = policy
-        self.embed = nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (cfg.vocab_size, cfg.dim), policy.jnp_dtype))
+        self.embed = nnx.Param(
+            nnx.initializers.normal(0.02)(rngs.params(), (cfg.vocab_size, cfg.dim), policy.jnp_dtype)
+        )
         self.layers = nnx.List([Block(cfg, policy, rngs) for _ in range(cfg.n_layers)])
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps, policy)
         if not cfg.tie_embeddings:
@@ -354,8 +374,13 @@ class Llama(nnx.Module):
                 logits = embed.dot(x)
             else:
                 # float32 out: bfloat16 logits (8 bits) would turn near-ties at the argmax into coin flips
-                logits = jnp.einsum("btd,vd->btv", x.astype(dt), embed.astype(dt), precision=self.policy.lax_precision,
-                                    preferred_element_type=jnp.float32)
+                logits = jnp.einsum(
+                    "btd,vd->btv",
+                    x.astype(dt),
+                    embed.astype(dt),
+                    precision=self.policy.lax_precision,
+                    preferred_element_type=jnp.float32,
+                )
         else:
             logits = _dense(x, self.lm_head.get_value(), self.policy)
         logits = logits.astype(jnp.float32)
@@ -437,7 +462,9 @@ def param_shapes(cfg: LlamaConfig, policy: Policy | None = None) -> dict[str, tu
     return {_path_name(p): tuple(v.get_value().shape) for p, v in nnx.to_flat_state(state)}
 
 
-def params_from_flat(cfg: LlamaConfig, flat: dict[str, Any], policy: Policy | None = None, source: str = "weights") -> Params:
+def params_from_flat(
+    cfg: LlamaConfig, flat: dict[str, Any], policy: Policy | None = None, source: str = "weights"
+) -> Params:
     """Build :class:`Params` from ``{canonical name: array}``, checking every name and shape. A value
     may be a :class:`~jaxlab.quant.QuantizedMatrix` (stored ``[out, in]``: a kernel's transpose, the
     embedding as it is); it is placed as it is."""

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+
 def setup(compile_cache: bool = True, quiet: bool = False) -> dict:
     """Turn on the persistent compilation cache and quiet matplotlib; print one line about the setup."""
     import jax
 
-    from . import __version__, compile_cache as cc
+    from . import __version__
+    from . import compile_cache as cc
 
     if compile_cache:
         cc.enable()
@@ -23,11 +25,17 @@ def setup(compile_cache: bool = True, quiet: bool = False) -> dict:
         matplotlib.rcParams.update({"figure.figsize": (7, 3.5), "figure.dpi": 90, "axes.grid": True})
     except ImportError:
         pass
-    info = {"jaxlab": __version__, "jax": jax.__version__, "backend": jax.default_backend(),
-            "device_count": jax.device_count()}
+    info = {
+        "jaxlab": __version__,
+        "jax": jax.__version__,
+        "backend": jax.default_backend(),
+        "device_count": jax.device_count(),
+    }
     if not quiet:
-        print(f"jaxlab {info['jaxlab']} | jax {info['jax']} | backend {info['backend']} "
-              f"({info['device_count']} device{'s' if info['device_count'] != 1 else ''})")
+        print(
+            f"jaxlab {info['jaxlab']} | jax {info['jax']} | backend {info['backend']} "
+            f"({info['device_count']} device{'s' if info['device_count'] != 1 else ''})"
+        )
     return info
 
 
@@ -43,7 +51,9 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def table(rows: Sequence[dict] | Iterable[Sequence], headers: Sequence[str] | None = None, title: str | None = None) -> str:
+def table(
+    rows: Sequence[dict] | Iterable[Sequence], headers: Sequence[str] | None = None, title: str | None = None
+) -> str:
     """Print (and return) an aligned plain-text table; rows are dicts or sequences."""
     rows = list(rows)
     if rows and isinstance(rows[0], dict):

@@ -227,8 +227,7 @@ class CompileCounter:
             prefix = f"{msg}: " if msg else ""
             hits = f" ({self.cache_hits} from the persistent cache)" if self.cache_hits else ""
             raise AssertionError(
-                f"{prefix}expected no compilation, but {self.count} compilation(s) happened{hits}: "
-                f"{what}"
+                f"{prefix}expected no compilation, but {self.count} compilation(s) happened{hits}: {what}"
             )
 
     def __repr__(self) -> str:
@@ -292,9 +291,7 @@ class Timing:
         )
 
 
-def time_fn(
-    fn: Callable[..., Any], *args: Any, repeats: int = 5, warmup: int = 1, **kwargs: Any
-) -> Timing:
+def time_fn(fn: Callable[..., Any], *args: Any, repeats: int = 5, warmup: int = 1, **kwargs: Any) -> Timing:
     """Time ``fn(*args, **kwargs)``: compile separately, then ``repeats`` synchronized runs.
 
     If ``fn`` has ``.lower`` (a ``jax.jit`` function), the compile step is timed with AOT
@@ -685,16 +682,30 @@ def plot_roofline(
     ax.loglog(xs, [roofline.attainable(x) for x in xs], "k-", lw=2, label="roofline")
     ax.axvline(roofline.ridge, color="gray", ls=":", lw=1)
     ax.text(
-        roofline.ridge, roofline.peak_flops, f" ridge {roofline.ridge:.1f} FLOP/B",
-        va="bottom", ha="left", fontsize=8, color="gray",
+        roofline.ridge,
+        roofline.peak_flops,
+        f" ridge {roofline.ridge:.1f} FLOP/B",
+        va="bottom",
+        ha="left",
+        fontsize=8,
+        color="gray",
     )
     ax.text(
-        lo, roofline.attainable(lo), f" {roofline.bandwidth / 1e9:.0f} GB/s",
-        va="bottom", ha="left", fontsize=8, rotation=0,
+        lo,
+        roofline.attainable(lo),
+        f" {roofline.bandwidth / 1e9:.0f} GB/s",
+        va="bottom",
+        ha="left",
+        fontsize=8,
+        rotation=0,
     )
     ax.text(
-        hi, roofline.peak_flops, f"{roofline.peak_flops / 1e9:.0f} GFLOP/s ",
-        va="bottom", ha="right", fontsize=8,
+        hi,
+        roofline.peak_flops,
+        f"{roofline.peak_flops / 1e9:.0f} GFLOP/s ",
+        va="bottom",
+        ha="right",
+        fontsize=8,
     )
     for label, (flops, nbytes, seconds) in points.items():
         x = Roofline.intensity(flops, nbytes)

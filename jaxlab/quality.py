@@ -82,7 +82,7 @@ def eval_windows(ids: Sequence[int], window: int, n: int) -> np.ndarray:
     if n * window > len(ids):
         raise ValueError(f"{n} windows of {window} tokens need {n * window} tokens; the text has {len(ids)}")
     stride = (len(ids) - window) // max(n - 1, 1)  # >= window because n * window <= len(ids)
-    return np.stack([ids[i * stride: i * stride + window] for i in range(n)])
+    return np.stack([ids[i * stride : i * stride + window] for i in range(n)])
 
 
 def load_prompts(path: Path = PROMPTS) -> list[str]:
@@ -91,8 +91,10 @@ def load_prompts(path: Path = PROMPTS) -> list[str]:
 
 def chat_ids(tokenizer, prompts: Sequence[str]) -> list[list[int]]:
     """Each prompt as one user turn through the model's chat template, ready for the assistant's reply."""
-    return [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True)
-            for p in prompts]
+    return [
+        tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True)
+        for p in prompts
+    ]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -146,8 +148,9 @@ def _candidate_pass(params, tokens, ref_logp, kv="float32"):
     return token_nll(logp, tokens[:, 1:]), kl_divergence(ref_logp, logp), jnp.argmax(logp, axis=-1)
 
 
-def score_windows(ref_params: Params, candidates: dict, windows: np.ndarray, batch: int = 4,
-                  progress: bool = False) -> dict:
+def score_windows(
+    ref_params: Params, candidates: dict, windows: np.ndarray, batch: int = 4, progress: bool = False
+) -> dict:
     """Teacher-forced scores of every candidate against the reference on the same windows [n, W].
 
     ``candidates``: {label: (params, cache_dtype)}. The reference's log-probabilities are computed once
@@ -160,7 +163,7 @@ def score_windows(ref_params: Params, candidates: dict, windows: np.ndarray, bat
     steps = -(-len(windows) // batch)
     bar = tqdm(total=steps * (1 + len(candidates)), desc="eval text", unit="pass", disable=not progress, leave=False)
     for i in range(0, len(windows), batch):
-        tokens = jnp.asarray(windows[i:i + batch])
+        tokens = jnp.asarray(windows[i : i + batch])
         ref_logp, nll, top = _reference_pass(ref_params, tokens)
         ref_nll += float(jnp.sum(nll))
         count += nll.size
@@ -174,8 +177,13 @@ def score_windows(ref_params: Params, candidates: dict, windows: np.ndarray, bat
     bar.close()
     out = {"reference": {"nll": ref_nll / count, "perplexity": float(np.exp(ref_nll / count)), "tokens": count}}
     for label, (nll, kl, agree) in sums.items():
-        out[label] = {"nll": nll / count, "perplexity": float(np.exp(nll / count)), "kl": kl / count,
-                      "top1_agreement": agree / count, "tokens": count}
+        out[label] = {
+            "nll": nll / count,
+            "perplexity": float(np.exp(nll / count)),
+            "kl": kl / count,
+            "top1_agreement": agree / count,
+            "tokens": count,
+        }
     return out
 
 
@@ -187,8 +195,9 @@ def perplexity(params: Params, windows: np.ndarray, cache_dtype=None, batch: int
     return score_windows(params, {"q": (params, cache_dtype)}, windows, batch, progress)["q"]["perplexity"]
 
 
-def next_token_stats(ref_params: Params, params: Params, windows: np.ndarray, cache_dtype=None, batch: int = 4,
-                     progress: bool = False) -> dict:
+def next_token_stats(
+    ref_params: Params, params: Params, windows: np.ndarray, cache_dtype=None, batch: int = 4, progress: bool = False
+) -> dict:
     """Mean KL(p_ref || p) and top-1 agreement of the next-token distributions over the windows
     (teacher-forced on the text; the reference runs in float32 without a cache)."""
     s = score_windows(ref_params, {"q": (params, cache_dtype)}, windows, batch, progress)["q"]
@@ -215,15 +224,16 @@ def _prompt_width(prompts: Sequence[Sequence[int]]) -> int:
     return max(len(p) for p in prompts)
 
 
-def greedy_continuations(params: Params, prompts: Sequence[Sequence[int]], n_tokens: int, cache_dtype=None,
-                         batch: int = 8) -> np.ndarray:
+def greedy_continuations(
+    params: Params, prompts: Sequence[Sequence[int]], n_tokens: int, cache_dtype=None, batch: int = 8
+) -> np.ndarray:
     """Greedy continuations, EOS ignored: prompt ids -> [len(prompts), n_tokens] int32. Prompts are
     left-padded to the longest one, prefilled in one pass and decoded on device (``decode_on_device``)."""
     kv, width = kv_format(cache_dtype), _prompt_width(prompts)
     pad = params.config.pad_id
     out = []
     for i in range(0, len(prompts), batch):
-        rows = list(prompts[i:i + batch])
+        rows = list(prompts[i : i + batch])
         tokens, positions = left_pad(rows, pad, width)
         top, cache = _cached_argmax(params, jnp.asarray(tokens), jnp.asarray(positions), kv=kv, length=width + n_tokens)
         lens = jnp.asarray([len(p) for p in rows], jnp.int32)
@@ -232,8 +242,16 @@ def greedy_continuations(params: Params, prompts: Sequence[Sequence[int]], n_tok
     return np.concatenate(out)
 
 
-def greedy_agreement(ref_params: Params, params: Params, tokenizer, prompts, n_tokens: int = 32, cache_dtype=None,
-                     batch: int = 8, reference: np.ndarray | None = None) -> dict:
+def greedy_agreement(
+    ref_params: Params,
+    params: Params,
+    tokenizer,
+    prompts,
+    n_tokens: int = 32,
+    cache_dtype=None,
+    batch: int = 8,
+    reference: np.ndarray | None = None,
+) -> dict:
     """How often the quantized model picks the reference's greedy tokens on chat prompts (EOS ignored).
 
     1. The reference (float32, float32 cache) continues each prompt greedily for ``n_tokens`` tokens
@@ -259,13 +277,13 @@ def greedy_agreement(ref_params: Params, params: Params, tokenizer, prompts, n_t
     pad = params.config.pad_id
     agree, own = [], []
     for i in range(0, len(ids), batch):
-        rows, ref = ids[i:i + batch], reference[i:i + batch]
+        rows, ref = ids[i : i + batch], reference[i : i + batch]
         # prompt + reference continuation (its last token only ever is a target), padded so that every
         # row's last prompt token sits in column width - 1
         seqs = [p + r[:-1].tolist() for p, r in zip(rows, ref)]
         tokens, positions = left_pad(seqs, pad, width + n_tokens - 1)
         top, cache = _cached_argmax(params, jnp.asarray(tokens), jnp.asarray(positions), kv=kv, length=width + n_tokens)
-        predicted = np.asarray(top[:, width - 1:])  # [B, n_tokens]: the predictions of ref[:, 0..n-1]
+        predicted = np.asarray(top[:, width - 1 :])  # [B, n_tokens]: the predictions of ref[:, 0..n-1]
         agree.append(predicted == ref)
         cache = rollback(cache, width)  # forget the reference's continuation: free-run from the prompt
         lens = jnp.asarray([len(p) for p in rows], jnp.int32)
@@ -273,9 +291,13 @@ def greedy_agreement(ref_params: Params, params: Params, tokenizer, prompts, n_t
         own.append(np.asarray(toks))
     agree, own = np.concatenate(agree), np.concatenate(own)
     same = own == reference
-    return {"token_agreement": float(agree.mean()), "identical": int(same.all(axis=1).sum()), "prompts": len(ids),
-            "tokens": int(agree.size),
-            "first_divergence": [None if s.all() else int(np.argmin(s)) for s in same]}
+    return {
+        "token_agreement": float(agree.mean()),
+        "identical": int(same.all(axis=1).sum()),
+        "prompts": len(ids),
+        "tokens": int(agree.size),
+        "first_divergence": [None if s.all() else int(np.argmin(s)) for s in same],
+    }
 
 
 # --------------------------------------------------------------------------------------------------
@@ -306,8 +328,15 @@ def layer_error_rows(ref_params: Params, quantized: dict) -> list[dict]:
         for name, err in quant.layer_errors(ref_params, qparams):
             by_kind.setdefault(name.rsplit(".", 1)[-1], []).append(err)
         for kind, errs in by_kind.items():
-            rows.append({"format": fmt, "matrix": kind, "count": len(errs), "mean": float(np.mean(errs)),
-                         "max": float(np.max(errs))})
+            rows.append(
+                {
+                    "format": fmt,
+                    "matrix": kind,
+                    "count": len(errs),
+                    "mean": float(np.mean(errs)),
+                    "max": float(np.max(errs)),
+                }
+            )
     return rows
 
 
@@ -315,24 +344,41 @@ def baseline_notes(source: str, kind: str, layer_rows: list[dict], group: int) -
     """What the float32 reference is, and what that means for int4 (from the measured layer errors)."""
     notes = [f"reference: {source} as loaded, computed in float32"]
     if kind == "gguf" and source in assets.EMBEDDED:
-        notes.append("the embedded GGUF stores SmolLM2-135M-Instruct quantized (Q4_1 layers, Q8_0 embedding), so "
-                     "'float32' here is those weights dequantized, not the original bf16 model")
+        notes.append(
+            "the embedded GGUF stores SmolLM2-135M-Instruct quantized (Q4_1 layers, Q8_0 embedding), so "
+            "'float32' here is those weights dequantized, not the original bf16 model"
+        )
     elif kind == "gguf":
-        notes.append("GGUF weights are dequantized to float32 as stored: for a quantized file (Q4_*, Q8_0, ...) "
-                     "'float32' is those weights, not the original model")
+        notes.append(
+            "GGUF weights are dequantized to float32 as stored: for a quantized file (Q4_*, Q8_0, ...) "
+            "'float32' is those weights, not the original model"
+        )
     int4 = [r["max"] for r in layer_rows if r["format"] == "int4" and r["matrix"] != "embed"]
     if int4 and max(int4) < 1e-5:
-        notes.append(f"int4 (group {group}) lands on these weights: largest per-layer error {max(int4):.1e}, because "
-                     "they already lie on a 4-bit grid with one scale and offset per 32 inputs (Q4_1); int4's loss "
-                     "here comes from its int8 embedding and its kernel alone and says little about int4 on an "
-                     "original bf16 model. For that, evaluate the hub's bf16 weights: jaxlab bench --quant-only --quality "
-                     "--model HuggingFaceTB/SmolLM2-135M-Instruct (needs the network)")
+        notes.append(
+            f"int4 (group {group}) lands on these weights: largest per-layer error {max(int4):.1e}, because "
+            "they already lie on a 4-bit grid with one scale and offset per 32 inputs (Q4_1); int4's loss "
+            "here comes from its int8 embedding and its kernel alone and says little about int4 on an "
+            "original bf16 model. For that, evaluate the hub's bf16 weights: jaxlab bench --quant-only --quality "
+            "--model HuggingFaceTB/SmolLM2-135M-Instruct (needs the network)"
+        )
     return notes
 
 
-def quality_report(model=None, formats: Sequence[str] = quant.FORMATS, kv_formats: Sequence[str] = quant.KV_FORMATS,
-                   sizes: Sizes = DEFAULT, *, loaded=None, quantized: dict | None = None, group: int = quant.DEFAULT_GROUP,
-                   kv_batch: int = 32, kv_len: int = 256, progress: bool = False, log=None) -> dict:
+def quality_report(
+    model=None,
+    formats: Sequence[str] = quant.FORMATS,
+    kv_formats: Sequence[str] = quant.KV_FORMATS,
+    sizes: Sizes = DEFAULT,
+    *,
+    loaded=None,
+    quantized: dict | None = None,
+    group: int = quant.DEFAULT_GROUP,
+    kv_batch: int = 32,
+    kv_len: int = 256,
+    progress: bool = False,
+    log=None,
+) -> dict:
     """Quality and memory of float32 and every ``formats`` x ``kv_formats`` variant of a model.
 
     ``model``: anything :func:`jaxlab.load` accepts (default: the embedded SmolLM2-135M); ``loaded``: an
@@ -359,11 +405,12 @@ def quality_report(model=None, formats: Sequence[str] = quant.FORMATS, kv_format
 
     log(f"quality: evaluation text, {sizes.windows} windows of {sizes.window} tokens, {len(variants)} variants")
     windows = eval_windows(eval_tokens(tok), sizes.window, sizes.windows)
-    text = score_windows(ref, {k: v for k, v in variants.items() if k != ("float32", "float32")}, windows,
-                         sizes.batch, progress)
+    text = score_windows(
+        ref, {k: v for k, v in variants.items() if k != ("float32", "float32")}, windows, sizes.batch, progress
+    )
     text[("float32", "float32")] = {**text["reference"], "kl": 0.0, "top1_agreement": 1.0}
 
-    prompts = chat_ids(tok, load_prompts()[:sizes.prompts])
+    prompts = chat_ids(tok, load_prompts()[: sizes.prompts])
     log(f"quality: float32 greedy continuations of {len(prompts)} prompts, {sizes.new_tokens} tokens each")
     reference = greedy_continuations(ref, prompts, sizes.new_tokens, None, sizes.prompt_batch)
     from tqdm.auto import tqdm
@@ -375,19 +422,36 @@ def quality_report(model=None, formats: Sequence[str] = quant.FORMATS, kv_format
         g = greedy_agreement(ref, params, tok, prompts, sizes.new_tokens, kv, sizes.prompt_batch, reference)
         s = text[(w, kv)]
         inc = 100.0 * (s["perplexity"] / base_ppl - 1.0)
-        rows.append({
-            "label": label(w, kv), "weights": w, "kv_cache": kv,
-            "weight_bytes": params.nbytes(), "kv_cache_bytes": kv_cache_bytes(ref.config, kv_batch, kv_len, kv),
-            "perplexity": s["perplexity"], "ppl_increase_pct": inc, "kl": s["kl"], "top1_agreement": s["top1_agreement"],
-            "greedy_agreement": g["token_agreement"], "identical": g["identical"], "prompts": g["prompts"],
-            "first_divergence": g["first_divergence"],
-            "status": "reference" if (w, kv) == ("float32", "float32") else quality_status(inc, g["token_agreement"]),
-        })
+        rows.append(
+            {
+                "label": label(w, kv),
+                "weights": w,
+                "kv_cache": kv,
+                "weight_bytes": params.nbytes(),
+                "kv_cache_bytes": kv_cache_bytes(ref.config, kv_batch, kv_len, kv),
+                "perplexity": s["perplexity"],
+                "ppl_increase_pct": inc,
+                "kl": s["kl"],
+                "top1_agreement": s["top1_agreement"],
+                "greedy_agreement": g["token_agreement"],
+                "identical": g["identical"],
+                "prompts": g["prompts"],
+                "first_divergence": g["first_divergence"],
+                "status": "reference"
+                if (w, kv) == ("float32", "float32")
+                else quality_status(inc, g["token_agreement"]),
+            }
+        )
     layer_rows = layer_error_rows(ref, {f: quantized[f] for f in formats})
     return {
-        "model": m.source, "notes": baseline_notes(m.source, kind, layer_rows, group), "sizes": asdict(sizes),
-        "eval_text": str(EVAL_TEXT.relative_to(EVAL_DIR.parent.parent)), "eval_tokens": text["reference"]["tokens"],
-        "kv_cache": {"batch": kv_batch, "length": kv_len}, "targets": {"max_ppl_increase_pct": MAX_PPL_INCREASE_PCT,
-                                                                         "min_greedy_agreement": MIN_GREEDY_AGREEMENT},
-        "rows": rows, "layer_errors": layer_rows, "seconds": time.perf_counter() - t0,
+        "model": m.source,
+        "notes": baseline_notes(m.source, kind, layer_rows, group),
+        "sizes": asdict(sizes),
+        "eval_text": str(EVAL_TEXT.relative_to(EVAL_DIR.parent.parent)),
+        "eval_tokens": text["reference"]["tokens"],
+        "kv_cache": {"batch": kv_batch, "length": kv_len},
+        "targets": {"max_ppl_increase_pct": MAX_PPL_INCREASE_PCT, "min_greedy_agreement": MIN_GREEDY_AGREEMENT},
+        "rows": rows,
+        "layer_errors": layer_rows,
+        "seconds": time.perf_counter() - t0,
     }

@@ -206,8 +206,9 @@ def _int4_dot(x2, packed, scale, zero, group):
     o, groups = scale.shape
     q = (_unpack(packed) - 8).reshape(o, groups, group)  # int8 in [-8, 7]
     rows, s = split_activations(x2)
-    acc = jax.lax.dot_general(rows.reshape(2 * r, groups, group), q, (((2,), (2,)), ((1,), (1,))),
-                              preferred_element_type=jnp.int32)  # [G, 2R, O]
+    acc = jax.lax.dot_general(
+        rows.reshape(2 * r, groups, group), q, (((2,), (2,)), ((1,), (1,))), preferred_element_type=jnp.int32
+    )  # [G, 2R, O]
     acc = jnp.einsum("gro,og->ro", acc.astype(jnp.float32), scale, precision=jax.lax.Precision.HIGHEST)
     y = join_split(acc, r) * s
     group_sums = x2.reshape(r, groups, group).sum(-1)  # [R, G]
@@ -232,8 +233,10 @@ def quantize_matrix(w: np.ndarray, fmt: str, group: int = DEFAULT_GROUP, name: s
         return QuantizedMatrix(jnp.asarray(q), jnp.asarray(s), None, fmt)
     o, n_in = w.shape
     if n_in % group:
-        raise ConfigError(f"{name}: input size {n_in} is not a multiple of the int4 group size {group}; "
-                          f"choose a group size that divides it (e.g. 32 or 64)")
+        raise ConfigError(
+            f"{name}: input size {n_in} is not a multiple of the int4 group size {group}; "
+            f"choose a group size that divides it (e.g. 32 or 64)"
+        )
     g = w.reshape(o, n_in // group, group)
     lo, hi = g.min(-1), g.max(-1)
     d = (hi - lo) / 15.0
@@ -309,7 +312,7 @@ def calibration_stats(params, tokenizer, text: str | None = None, window: int = 
     n = max(1, len(ids) // window)
     if len(ids) < window:
         window = len(ids)
-    tokens = np.array([ids[i * window:(i + 1) * window] for i in range(n)], np.int32)
+    tokens = np.array([ids[i * window : (i + 1) * window] for i in range(n)], np.int32)
     positions = np.broadcast_to(np.arange(window, dtype=np.int32), tokens.shape)
     return activation_stats(params, tokens, positions)
 
@@ -334,8 +337,16 @@ def embedding_format(fmt: str) -> str:
     return "int8" if fmt == "int4" else fmt
 
 
-def quantize_params(params, fmt: str, group: int = DEFAULT_GROUP, *, embed: str | None = None,
-                    calibration: dict | None = None, alpha: float = SMOOTH_ALPHA, progress: bool | None = None):
+def quantize_params(
+    params,
+    fmt: str,
+    group: int = DEFAULT_GROUP,
+    *,
+    embed: str | None = None,
+    calibration: dict | None = None,
+    alpha: float = SMOOTH_ALPHA,
+    progress: bool | None = None,
+):
     """Float :class:`~jaxlab.model.Params` -> the same model with quantized matrices (same graph,
     so ``forward`` and ``Generator`` take them unchanged). ``embed``: the embedding's format
     (default :func:`embedding_format`; "float32" keeps it float)."""
@@ -348,8 +359,7 @@ def quantize_params(params, fmt: str, group: int = DEFAULT_GROUP, *, embed: str 
     if embed != "float32":
         check_format(embed, group)
     if params.policy.dtype != "float32":
-        raise ConfigError("quantize float32 parameters (load with dtype='float32'); "
-                          f"these are {params.policy.dtype}")
+        raise ConfigError(f"quantize float32 parameters (load with dtype='float32'); these are {params.policy.dtype}")
     names = set(quantized_names(params))
     flat_state = nnx.to_flat_state(params.state)
     already = [_path_name(p) for p, v in flat_state if isinstance(v.get_value(), QuantizedMatrix)]
@@ -378,7 +388,7 @@ def quantize_params(params, fmt: str, group: int = DEFAULT_GROUP, *, embed: str 
 
 
 def params_format(params) -> str | None:
-    """"int8" / "int4" / "w8a8": the format of the layers' matrices; None for float parameters."""
+    """ "int8" / "int4" / "w8a8": the format of the layers' matrices; None for float parameters."""
     for name, value in params.flat().items():
         if isinstance(value, QuantizedMatrix) and name != "embed":
             return value.fmt
@@ -416,8 +426,12 @@ def save(path: Path, params) -> None:
             groups[name] = [value.fmt, value.group]
         else:
             arrays[name] = np.asarray(value)
-    meta = {"config": json.dumps(asdict(params.config)), "format": fmt or "float32",
-            "groups": json.dumps(groups), "version": str(STORE_VERSION)}
+    meta = {
+        "config": json.dumps(asdict(params.config)),
+        "format": fmt or "float32",
+        "groups": json.dumps(groups),
+        "version": str(STORE_VERSION),
+    }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".partial")
@@ -442,6 +456,7 @@ def load(path: Path, policy=None):
             arrays = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as e:
         raise ModelFileError(f"quantized parameter file {path} is unreadable ({e}); delete it to rebuild") from None
+
     def part(key):
         return jnp.asarray(arrays[key]) if key in arrays else None
 
@@ -456,7 +471,9 @@ def load(path: Path, policy=None):
     try:
         return params_from_flat(cfg, flat, policy, source=str(path))
     except ConfigError as e:
-        raise ModelFileError(f"quantized parameter file {path} does not fit its config ({e}); delete it to rebuild") from None
+        raise ModelFileError(
+            f"quantized parameter file {path} does not fit its config ({e}); delete it to rebuild"
+        ) from None
 
 
 # --------------------------------------------------------------------------------------------------

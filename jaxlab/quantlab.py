@@ -55,19 +55,33 @@ def relative_error(approx, exact) -> float:
     return float(np.linalg.norm(approx - exact) / max(np.linalg.norm(exact), 1e-30))
 
 
-def matrix_formats(w_oi: np.ndarray, specs: Sequence[tuple[str, int]] = (("int8", 0), ("int4", 32), ("int4", 64),
-                                                                          ("int4", 192))) -> list[dict]:
+def matrix_formats(
+    w_oi: np.ndarray, specs: Sequence[tuple[str, int]] = (("int8", 0), ("int4", 32), ("int4", 64), ("int4", 192))
+) -> list[dict]:
     """Quantize one float matrix ``w [out, in]`` in each ``(format, group)`` of ``specs`` (group: int4
     only) -> rows: format, bits per weight, bytes, relative error, worst error over the largest weight."""
     w = np.asarray(w_oi, np.float32)
-    rows = [{"format": "float32", "bits/weight": 32.0, "kB": w.nbytes / 1e3, "relative error": 0.0,
-             "worst error / max |w|": 0.0}]
+    rows = [
+        {
+            "format": "float32",
+            "bits/weight": 32.0,
+            "kB": w.nbytes / 1e3,
+            "relative error": 0.0,
+            "worst error / max |w|": 0.0,
+        }
+    ]
     for fmt, group in specs:
         m = quant.quantize_matrix(w, fmt, group or quant.DEFAULT_GROUP)
         d = np.asarray(m.dequantize())
-        rows.append({"format": f"{fmt} g{group}" if fmt == "int4" else fmt, "bits/weight": bits_per_weight(m),
-                     "kB": m.nbytes / 1e3, "relative error": relative_error(d, w),
-                     "worst error / max |w|": float(np.abs(d - w).max() / np.abs(w).max())})
+        rows.append(
+            {
+                "format": f"{fmt} g{group}" if fmt == "int4" else fmt,
+                "bits/weight": bits_per_weight(m),
+                "kB": m.nbytes / 1e3,
+                "relative error": relative_error(d, w),
+                "worst error / max |w|": float(np.abs(d - w).max() / np.abs(w).max()),
+            }
+        )
     return rows
 
 
@@ -77,9 +91,16 @@ def nibbles(m: QuantizedMatrix, row: int = 0, n: int = 4) -> list[dict]:
     if m.fmt != "int4":
         raise ValueError(f"nibbles: an int4 matrix, got {m.fmt}")
     packed = np.asarray(m.q[row, :n])
-    return [{"byte": j, "value": int(b), "bits (high|low)": f"{int(b) >> 4:04b}|{int(b) & 15:04b}",
-             "inputs": f"{2 * j}, {2 * j + 1}", "codes (low, high)": f"{int(b) & 15}, {int(b) >> 4}"}
-            for j, b in enumerate(packed)]
+    return [
+        {
+            "byte": j,
+            "value": int(b),
+            "bits (high|low)": f"{int(b) >> 4:04b}|{int(b) & 15:04b}",
+            "inputs": f"{2 * j}, {2 * j + 1}",
+            "codes (low, high)": f"{int(b) & 15}, {int(b) >> 4}",
+        }
+        for j, b in enumerate(packed)
+    ]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -108,8 +129,12 @@ def activation_rows(stats: dict, smoothed: Params | None = None, names: Sequence
     rows = []
     for name in names or list(stats):
         a = np.asarray(stats[name], np.float64)
-        row = {"matrix": name, "largest channel": float(a.max()), "spread": channel_spread(a),
-               "levels for a median channel": 127.0 / channel_spread(a)}
+        row = {
+            "matrix": name,
+            "largest channel": float(a.max()),
+            "spread": channel_spread(a),
+            "levels for a median channel": 127.0 / channel_spread(a),
+        }
         m = flat.get(name)
         if isinstance(m, QuantizedMatrix) and m.smooth is not None:
             s = a / np.asarray(m.smooth, np.float64)
@@ -153,13 +178,23 @@ def plot_layer_errors(errors: dict, floor: float = 1e-4, ax=None):
         mk, color = markers.get(fmt.split()[0], "o"), colors[k % len(colors)]
         ax.scatter(x[~low], e[~low], s=12, marker=mk, color=color, label=fmt)
         if low.any():
-            ax.scatter(x[low], np.full(low.sum(), floor), s=12, marker=mk, facecolors="none", edgecolors=color,
-                       label=f"{fmt}: exact (drawn at {floor:.0e})")
+            ax.scatter(
+                x[low],
+                np.full(low.sum(), floor),
+                s=12,
+                marker=mk,
+                facecolors="none",
+                edgecolors=color,
+                label=f"{fmt}: exact (drawn at {floor:.0e})",
+            )
     ax.set_yscale("log")
     ax.set_ylabel("|W_q - W| / |W|")
     if names:
-        ticks = {i: f"layer {n.split('.')[1]}" for i, n in enumerate(names)
-                 if n.endswith(".attn.wq") and int(n.split(".")[1]) % 5 == 0}
+        ticks = {
+            i: f"layer {n.split('.')[1]}"
+            for i, n in enumerate(names)
+            if n.endswith(".attn.wq") and int(n.split(".")[1]) % 5 == 0
+        }
         for i, n in enumerate(names):  # the embedding (and an untied head): labelled, crowding out a layer tick
             if not n.startswith("layers."):
                 ticks = {j: t for j, t in ticks.items() if abs(j - i) > len(names) // 40}
@@ -220,8 +255,9 @@ def interleaved_medians(fns: dict, args: dict, reps: int) -> dict[str, float]:
     return {n: float(np.median(t)) for n, t in times.items()}
 
 
-def time_formulations(w_oi: np.ndarray, batch: int = 1, reps: int = 7, names: Sequence[str] | None = None,
-                      seed: int = 0) -> list[dict]:
+def time_formulations(
+    w_oi: np.ndarray, batch: int = 1, reps: int = 7, names: Sequence[str] | None = None, seed: int = 0
+) -> list[dict]:
     """``x [batch, in] . w^T`` in each formulation of :data:`FORMULATIONS` (``names``, default all),
     timed side by side -> rows: formulation, ms (median), speed against float32, the relative error of
     its result against the float32 product (the price of the weight format), and its relative difference
@@ -242,10 +278,17 @@ def time_formulations(w_oi: np.ndarray, batch: int = 1, reps: int = 7, names: Se
     for n in names:
         first.setdefault(FORMULATIONS[n][0], n)
     med = interleaved_medians(fns, args, reps)
-    return [{"formulation": n, "weights": FORMULATIONS[n][0], "ms": med[n] * 1e3,
-             "vs float32": med["float32"] / med[n], "error vs float32": relative_error(out[n], out["float32"]),
-             "differs from its format's first row": relative_error(out[n], out[first[FORMULATIONS[n][0]]])}
-            for n in names]
+    return [
+        {
+            "formulation": n,
+            "weights": FORMULATIONS[n][0],
+            "ms": med[n] * 1e3,
+            "vs float32": med["float32"] / med[n],
+            "error vs float32": relative_error(out[n], out["float32"]),
+            "differs from its format's first row": relative_error(out[n], out[first[FORMULATIONS[n][0]]]),
+        }
+        for n in names
+    ]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -286,8 +329,16 @@ def decode_step_times(variants: dict, batch: int, slots: int = 256, steps: int =
             st[2:] = [tok, pos, cache]
     base = next(iter(variants))
     med = {label: float(np.median(t)) for label, t in times.items()}
-    return [{"variant": label, "batch": batch, "ms/step": med[label] * 1e3, f"vs {base}": med[base] / med[label],
-             "compile s": compile_s[label]} for label in variants]
+    return [
+        {
+            "variant": label,
+            "batch": batch,
+            "ms/step": med[label] * 1e3,
+            f"vs {base}": med[base] / med[label],
+            "compile s": compile_s[label],
+        }
+        for label in variants
+    ]
 
 
 def memory_rows(params_by_format: dict, cfg, kv_batch: int = 32, kv_len: int = 256) -> list[dict]:
@@ -355,11 +406,24 @@ def quality_rows(scores: dict, labels: Sequence[str] | None = None) -> list[dict
     reference in %, mean KL(float32 || variant) and top-1 agreement (fraction of positions where both
     pick the same next token)."""
     ref = scores["reference"]
-    rows = [{"variant": "float32", "perplexity": ref["perplexity"], "ppl increase %": 0.0, "KL": 0.0,
-             "top-1 agreement": 1.0}]
+    rows = [
+        {
+            "variant": "float32",
+            "perplexity": ref["perplexity"],
+            "ppl increase %": 0.0,
+            "KL": 0.0,
+            "top-1 agreement": 1.0,
+        }
+    ]
     for label in labels or [k for k in scores if k != "reference"]:
         s = scores[label]
-        rows.append({"variant": label, "perplexity": s["perplexity"],
-                     "ppl increase %": 100.0 * (s["perplexity"] / ref["perplexity"] - 1.0), "KL": s["kl"],
-                     "top-1 agreement": s["top1_agreement"]})
+        rows.append(
+            {
+                "variant": label,
+                "perplexity": s["perplexity"],
+                "ppl increase %": 100.0 * (s["perplexity"] / ref["perplexity"] - 1.0),
+                "KL": s["kl"],
+                "top-1 agreement": s["top1_agreement"],
+            }
+        )
     return rows

@@ -79,11 +79,16 @@ def reference_greedy(model, ids: list[int], n: int = GREEDY_TOKENS) -> list[int]
     try:
         gc.eos_token_id, gc.do_sample, gc.temperature, gc.top_p, gc.top_k = None, False, None, None, None
         with torch.no_grad():
-            out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                 max_new_tokens=n, min_new_tokens=None, pad_token_id=2)
+            out = model.generate(
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                max_new_tokens=n,
+                min_new_tokens=None,
+                pad_token_id=2,
+            )
     finally:
         gc.eos_token_id, gc.do_sample, gc.temperature, gc.top_p, gc.top_k = saved
-    tokens = out[0, len(ids):].tolist()
+    tokens = out[0, len(ids) :].tolist()
     if len(tokens) != n:
         raise RuntimeError(f"the reference generated {len(tokens)} tokens, expected {n} with EOS ignored")
     return tokens
@@ -91,7 +96,9 @@ def reference_greedy(model, ids: list[int], n: int = GREEDY_TOKENS) -> list[int]
 
 def chat_ids(tokenizer, prompt: str) -> list[int]:
     """Token ids of one user message through the chat template (reference tokenizer)."""
-    out = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
+    out = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+    )
     if hasattr(out, "keys"):
         out = out["input_ids"]
     return list(map(int, out))
@@ -116,19 +123,21 @@ def make_golden(gguf_path, prompts=GOLDEN_PROMPTS, reference=None) -> dict:
     for p in prompts:
         ids = chat_ids(tok, p)
         greedy = reference_greedy(model, ids)
-        rows.append({
-            "prompt": p,
-            "prompt_ids": ids,
-            "greedy_ids": greedy,
-            "greedy_text": tok.decode(greedy),
-            "last_logits": logit_summary(reference_logits(model, ids)[-1]),
-        })
+        rows.append(
+            {
+                "prompt": p,
+                "prompt_ids": ids,
+                "greedy_ids": greedy,
+                "greedy_text": tok.decode(greedy),
+                "last_logits": logit_summary(reference_logits(model, ids)[-1]),
+            }
+        )
     from .assets import sha256_file
 
     return {
         "about": "Golden outputs of Hugging Face transformers (PyTorch, float32, CPU) on the embedded "
-                 "SmolLM2-135M-Instruct Q4_1 GGUF. Made by scripts/make_reference.py; "
-                 "tests/test_reference.py fails when they are stale.",
+        "SmolLM2-135M-Instruct Q4_1 GGUF. Made by scripts/make_reference.py; "
+        "tests/test_reference.py fails when they are stale.",
         "model_sha256": sha256_file(Path(gguf_path)),
         "made_with": {k: metadata.version(k) for k in ("transformers", "torch")},
         "greedy_tokens": GREEDY_TOKENS,
@@ -147,8 +156,10 @@ def load_golden(path: Path = GOLDEN_FILE) -> dict:
     if not Path(path).exists():
         from .errors import AssetError
 
-        raise AssetError(f"golden reference file {path} not found: it lives in the repository's data/ folder; "
-                         "run from a clone, or set JAXLAB_DATA to a clone's data/ folder")
+        raise AssetError(
+            f"golden reference file {path} not found: it lives in the repository's data/ folder; "
+            "run from a clone, or set JAXLAB_DATA to a clone's data/ folder"
+        )
     return json.loads(Path(path).read_text())
 
 
@@ -161,12 +172,14 @@ def compare_logits(ours_row: np.ndarray, summary: dict, rtol: float = 1e-4) -> t
     same_ids = ours_top["top_ids"] == summary["top_ids"]
     ref = np.asarray(summary["top_logits"])
     ours = np.asarray([ours_row[i] for i in summary["top_ids"]])
-    tol = rtol * summary["max_abs"] + 0.5 * 10 ** -LOGIT_DECIMALS
+    tol = rtol * summary["max_abs"] + 0.5 * 10**-LOGIT_DECIMALS
     err = float(np.abs(ours - ref).max())
     ok = same_ids and err <= tol
     verdict = "PASS" if ok else "FAIL"
-    return ok, f"{verdict}: top-{len(ref)} ids {'identical' if same_ids else 'differ'}, logits within tolerance: {err <= tol}"
-
+    return (
+        ok,
+        f"{verdict}: top-{len(ref)} ids {'identical' if same_ids else 'differ'}, logits within tolerance: {err <= tol}",
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -187,10 +200,14 @@ class GoldenCriteria:
 
     def describe(self, n_prompts: int = len(GOLDEN_PROMPTS)) -> str:
         if self.exact:
-            return (f"{self.backend}: on all {n_prompts} golden prompts the {GREEDY_TOKENS} greedy ids are identical "
-                    f"and the top-{TOP} last logits are within {self.logits_rtol:g} (relative)")
-        return (f"{self.backend}: teacher-forced top-1 agreement >= {self.min_top1_agreement:.0%} and the first "
-                f"{self.greedy_prefix} greedy tokens identical on >= {self.min_prompts} of {n_prompts} golden prompts")
+            return (
+                f"{self.backend}: on all {n_prompts} golden prompts the {GREEDY_TOKENS} greedy ids are identical "
+                f"and the top-{TOP} last logits are within {self.logits_rtol:g} (relative)"
+            )
+        return (
+            f"{self.backend}: teacher-forced top-1 agreement >= {self.min_top1_agreement:.0%} and the first "
+            f"{self.greedy_prefix} greedy tokens identical on >= {self.min_prompts} of {n_prompts} golden prompts"
+        )
 
 
 def golden_criteria(backend: str | None = None) -> GoldenCriteria:
@@ -228,15 +245,24 @@ class GoldenResult:
         c, n = self.criteria, self.prompts
         tf = f"teacher-forced top-1 agreement {self.top1_agreement:.2%} ({self.top1_hits}/{self.top1_total})"
         if c.exact:
-            return (f"{'PASS' if self.ok else 'FAIL'} on {c.backend} (exact): {self.greedy_identical}/{n} prompts give "
-                    f"identical greedy ids, {self.logits_ok}/{n} logits within {c.logits_rtol:g}; {tf}")
-        return (f"{'PASS' if self.ok else 'FAIL'} on {c.backend}: {tf}, need >= {c.min_top1_agreement:.0%}; first "
-                f"{c.greedy_prefix} greedy tokens identical on {self.prefix_identical}/{n} prompts, "
-                f"need >= {c.min_prompts}")
+            return (
+                f"{'PASS' if self.ok else 'FAIL'} on {c.backend} (exact): {self.greedy_identical}/{n} prompts give "
+                f"identical greedy ids, {self.logits_ok}/{n} logits within {c.logits_rtol:g}; {tf}"
+            )
+        return (
+            f"{'PASS' if self.ok else 'FAIL'} on {c.backend}: {tf}, need >= {c.min_top1_agreement:.0%}; first "
+            f"{c.greedy_prefix} greedy tokens identical on {self.prefix_identical}/{n} prompts, "
+            f"need >= {c.min_prompts}"
+        )
 
 
-def judge_golden(golden: dict, last_logits: Sequence[np.ndarray], greedy: Sequence[Sequence[int]],
-                 teacher_argmax: Sequence[Sequence[int]], backend: str | None = None) -> GoldenResult:
+def judge_golden(
+    golden: dict,
+    last_logits: Sequence[np.ndarray],
+    greedy: Sequence[Sequence[int]],
+    teacher_argmax: Sequence[Sequence[int]],
+    backend: str | None = None,
+) -> GoldenResult:
     """Judge measured outputs against ``golden`` (:func:`load_golden`) under the backend's criteria.
 
     Per golden prompt ``i``: ``last_logits[i]`` [V] at the prompt's last position, ``greedy[i]`` our
@@ -245,30 +271,43 @@ def judge_golden(golden: dict, last_logits: Sequence[np.ndarray], greedy: Sequen
     crit = golden_criteria(backend)
     rows = golden["prompts"]
     if not (len(last_logits) == len(greedy) == len(teacher_argmax) == len(rows)):
-        raise ValueError(f"need one measurement per golden prompt ({len(rows)}), got {len(last_logits)} logits, "
-                         f"{len(greedy)} continuations, {len(teacher_argmax)} teacher-forced rows")
+        raise ValueError(
+            f"need one measurement per golden prompt ({len(rows)}), got {len(last_logits)} logits, "
+            f"{len(greedy)} continuations, {len(teacher_argmax)} teacher-forced rows"
+        )
     logits_ok = greedy_same = prefix_same = hits = total = 0
     lines = []
     for row, logits, ours, tf in zip(rows, last_logits, greedy, teacher_argmax):
         want = row["greedy_ids"]
         ok_logits, logit_line = compare_logits(np.asarray(logits), row["last_logits"], crit.logits_rtol)
-        same = list(ours)[:len(want)] == want
-        prefix = list(ours)[:crit.greedy_prefix] == want[:crit.greedy_prefix]
+        same = list(ours)[: len(want)] == want
+        prefix = list(ours)[: crit.greedy_prefix] == want[: crit.greedy_prefix]
         row_hits = sum(int(a) == b for a, b in zip(tf, want))
         logits_ok, greedy_same, prefix_same = logits_ok + ok_logits, greedy_same + same, prefix_same + prefix
         hits, total = hits + row_hits, total + len(want)
         if crit.exact:
             lines.append(f"{row['prompt'][:45]:47s} {logit_line}")
         else:
-            lines.append(f"{row['prompt'][:45]:47s} first {crit.greedy_prefix} greedy tokens "
-                         f"{'identical' if prefix else 'differ'}, teacher-forced top-1 {row_hits}/{len(want)}")
+            lines.append(
+                f"{row['prompt'][:45]:47s} first {crit.greedy_prefix} greedy tokens "
+                f"{'identical' if prefix else 'differ'}, teacher-forced top-1 {row_hits}/{len(want)}"
+            )
     n = len(rows)
     if crit.exact:
         ok = logits_ok == n and greedy_same == n
     else:
         ok = hits / max(total, 1) >= crit.min_top1_agreement and prefix_same >= crit.min_prompts
-    return GoldenResult(criteria=crit, ok=ok, prompts=n, logits_ok=logits_ok, greedy_identical=greedy_same,
-                        prefix_identical=prefix_same, top1_hits=hits, top1_total=total, lines=lines)
+    return GoldenResult(
+        criteria=crit,
+        ok=ok,
+        prompts=n,
+        logits_ok=logits_ok,
+        greedy_identical=greedy_same,
+        prefix_identical=prefix_same,
+        top1_hits=hits,
+        top1_total=total,
+        lines=lines,
+    )
 
 
 def measure_golden(params, golden: dict | None = None) -> dict:
@@ -291,7 +330,7 @@ def measure_golden(params, golden: dict | None = None) -> dict:
     tokens, positions = left_pad(seqs, params.config.pad_id)  # every row ends with its n golden tokens
     logits, _ = jax.jit(forward)(params, jnp.asarray(tokens), jnp.asarray(positions))  # [P, T, V] float32
     # position -n-1 (the last prompt token) predicts greedy[0]; position -2 predicts greedy[n-1]
-    predicting = logits[:, -n - 1:-1]  # [P, n, V]
+    predicting = logits[:, -n - 1 : -1]  # [P, n, V]
     teacher = np.asarray(jnp.argmax(predicting, axis=-1))
     last = np.asarray(logits[:, -n - 1])  # [P, V]
     out = Generator(params).generate([r["prompt_ids"] for r in rows], n, ignore_eos=True)
@@ -305,8 +344,9 @@ def check_golden(params, backend: str | None = None, golden: dict | None = None)
     return judge_golden(golden, backend=backend, **measure_golden(params, golden))
 
 
-def compare_greedy(ours: Sequence[int], want: Sequence[int], backend: str | None = None,
-                   detail: str = "") -> tuple[bool, str]:
+def compare_greedy(
+    ours: Sequence[int], want: Sequence[int], backend: str | None = None, detail: str = ""
+) -> tuple[bool, str]:
     """Our greedy tokens against the golden ones of one prompt, under the backend's criteria -> (ok, detail).
 
     ``ours`` is a greedy continuation (``len(ours) <= len(want)``), compared with ``want[:len(ours)]``.
@@ -318,11 +358,13 @@ def compare_greedy(ours: Sequence[int], want: Sequence[int], backend: str | None
     crit = golden_criteria(backend)
     if len(ours) > len(want):
         raise ValueError(f"{len(ours)} tokens to compare, but only {len(want)} golden ones")
-    ours, want = [int(t) for t in ours], [int(t) for t in want[:len(ours)]]
+    ours, want = [int(t) for t in ours], [int(t) for t in want[: len(ours)]]
     if crit.exact:
         return ours == want, detail
     agree = next((i for i, (a, b) in enumerate(zip(ours, want)) if a != b), len(ours))
     k = min(len(ours), crit.greedy_prefix)
-    why = (f"on {crit.backend} the first {k} must be identical, as a bfloat16 near-tie may flip a later one: "
-           f"{agree} leading tokens agree")
+    why = (
+        f"on {crit.backend} the first {k} must be identical, as a bfloat16 near-tie may flip a later one: "
+        f"{agree} leading tokens agree"
+    )
     return agree >= k, f"{detail}; {why}" if detail else why

@@ -43,8 +43,12 @@ class SamplingParams:
 
     def arrays(self):
         """The traced values passed into a jitted step."""
-        return (jnp.float32(max(self.temperature, 1e-6)), jnp.int32(self.top_k), jnp.float32(self.top_p),
-                jnp.float32(self.min_p))
+        return (
+            jnp.float32(max(self.temperature, 1e-6)),
+            jnp.int32(self.top_k),
+            jnp.float32(self.top_p),
+            jnp.float32(self.min_p),
+        )
 
 
 def filter_logits(logits: jax.Array, temperature, top_k, top_p, min_p) -> jax.Array:
@@ -54,7 +58,9 @@ def filter_logits(logits: jax.Array, temperature, top_k, top_p, min_p) -> jax.Ar
     sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]  # descending
     # top-k: keep logits >= the k-th largest (ties kept, as transformers does)
     k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
-    kth = jnp.take_along_axis(sorted_logits, (k - 1)[..., None] * jnp.ones(logits.shape[:-1] + (1,), jnp.int32), axis=-1)
+    kth = jnp.take_along_axis(
+        sorted_logits, (k - 1)[..., None] * jnp.ones(logits.shape[:-1] + (1,), jnp.int32), axis=-1
+    )
     logits = jnp.where(logits < kth, NEG_INF, logits)
     sorted_logits = jnp.where(sorted_logits < kth, NEG_INF, sorted_logits)
     # top-p: keep the smallest prefix of the sorted tokens whose probability reaches top_p

@@ -214,11 +214,15 @@ def fit_mesh(strategy: str = "data+tensor", n_devices: int | None = None) -> dic
 def _too_few(need: int, have: int, what: str) -> ConfigError:
     backend, procs = jax.default_backend(), jax.process_count()
     if procs > 1:
-        hint = (f" in {procs} processes of {jax.local_device_count()} local devices each; start more processes "
-                "or give each more local devices")
+        hint = (
+            f" in {procs} processes of {jax.local_device_count()} local devices each; start more processes "
+            "or give each more local devices"
+        )
     elif backend == "cpu":
-        hint = (f"; on a CPU, simulate {need} devices by setting XLA_FLAGS={DEVICE_FLAG}={need} before Python "
-                f"starts (or before jax is imported), e.g. `XLA_FLAGS={DEVICE_FLAG}={need} jaxlab generate ...`")
+        hint = (
+            f"; on a CPU, simulate {need} devices by setting XLA_FLAGS={DEVICE_FLAG}={need} before Python "
+            f"starts (or before jax is imported), e.g. `XLA_FLAGS={DEVICE_FLAG}={need} jaxlab generate ...`"
+        )
     else:
         hint = "; choose a smaller mesh"
     return ConfigError(f"{what} needs {need} devices, but jax sees {have} ({backend}){hint}")
@@ -232,8 +236,7 @@ def make_mesh(spec: str | Mapping[str, int] | None = None, devices: Sequence | N
     need = shape["data"] * shape["model"]
     if need > len(devices):
         raise _too_few(need, len(devices), f"mesh {format_mesh(shape)}")
-    return jax.make_mesh((shape["data"], shape["model"]), AXES, axis_types=(AxisType.Auto,) * 2,
-                         devices=devices[:need])
+    return jax.make_mesh((shape["data"], shape["model"]), AXES, axis_types=(AxisType.Auto,) * 2, devices=devices[:need])
 
 
 @dataclass(frozen=True)
@@ -254,8 +257,9 @@ class MeshDevices:
         return self.count >= need
 
 
-def mesh_devices(min_devices: int = 4, devices: Sequence | None = None,
-                 host_devices: Sequence | None = None) -> MeshDevices:
+def mesh_devices(
+    min_devices: int = 4, devices: Sequence | None = None, host_devices: Sequence | None = None
+) -> MeshDevices:
     """The devices a lesson builds its meshes from: the accelerators when there are at least ``min_devices``
     of them, else the host's CPU devices when there are more of those (simulated with
     ``XLA_FLAGS=--xla_force_host_platform_device_count=8``, which must be set before jax starts).
@@ -271,8 +275,9 @@ def mesh_devices(min_devices: int = 4, devices: Sequence | None = None,
     n = len(devices)
     if platform == "cpu":
         what = "simulated CPU devices" if n > 1 else "CPU device"
-        note = (f"Meshes use the {n} {what} jax sees: correctness and collectives can be checked, speed-ups cannot"
-                + ("." if n >= min_devices else f"; set XLA_FLAGS={DEVICE_FLAG}=8 before jax starts for more."))
+        note = f"Meshes use the {n} {what} jax sees: correctness and collectives can be checked, speed-ups cannot" + (
+            "." if n >= min_devices else f"; set XLA_FLAGS={DEVICE_FLAG}=8 before jax starts for more."
+        )
         return MeshDevices(devices, "cpu", n > 1, note)
     if n >= min_devices:
         return MeshDevices(devices, platform, False, f"Meshes use the {n} {kind} devices jax sees.")
@@ -283,12 +288,16 @@ def mesh_devices(min_devices: int = 4, devices: Sequence | None = None,
             host_devices = ()
     host_devices = tuple(host_devices)
     if len(host_devices) > n:
-        note = (f"jax sees {n} {kind} device{'s' if n != 1 else ''}, fewer than the {min_devices} these meshes need, "
-                f"so the meshes are built from {len(host_devices)} simulated CPU devices: correctness and collectives "
-                f"can be checked there, speed-ups cannot (for real chips use a Kaggle TPU v5e-8 or a TPU VM).")
+        note = (
+            f"jax sees {n} {kind} device{'s' if n != 1 else ''}, fewer than the {min_devices} these meshes need, "
+            f"so the meshes are built from {len(host_devices)} simulated CPU devices: correctness and collectives "
+            f"can be checked there, speed-ups cannot (for real chips use a Kaggle TPU v5e-8 or a TPU VM)."
+        )
         return MeshDevices(host_devices, "cpu", True, note)
-    note = (f"jax sees {n} {kind} device{'s' if n != 1 else ''} and no more CPU devices (set XLA_FLAGS={DEVICE_FLAG}=8 "
-            f"before jax starts): claims that need more than one device are not measurable here.")
+    note = (
+        f"jax sees {n} {kind} device{'s' if n != 1 else ''} and no more CPU devices (set XLA_FLAGS={DEVICE_FLAG}=8 "
+        f"before jax starts): claims that need more than one device are not measurable here."
+    )
     return MeshDevices(devices, platform, False, note)
 
 
@@ -342,9 +351,15 @@ def pad_heads(params: Params, model: int) -> Params:
     extra_q = (sizes["n_heads"] - cfg.n_heads) * hd
     extra_kv = (sizes["n_kv_heads"] - cfg.n_kv_heads) * hd
     extra_f = sizes["ffn_dim"] - cfg.ffn_dim
-    pads = {"attn.wq": (0, extra_q), "attn.wk": (0, extra_kv), "attn.wv": (0, extra_kv),
-            "attn.wo": (extra_q, 0), "mlp.w_gate": (0, extra_f), "mlp.w_up": (0, extra_f),
-            "mlp.w_down": (extra_f, 0)}
+    pads = {
+        "attn.wq": (0, extra_q),
+        "attn.wk": (0, extra_kv),
+        "attn.wv": (0, extra_kv),
+        "attn.wo": (extra_q, 0),
+        "mlp.w_gate": (0, extra_f),
+        "mlp.w_up": (0, extra_f),
+        "mlp.w_down": (extra_f, 0),
+    }
     flat = {}
     for name, a in params.flat().items():
         rows, cols = pads.get(_base_name(name), (0, 0))
@@ -360,8 +375,7 @@ def pad_heads(params: Params, model: int) -> Params:
 def _map_params(params: Params, fn: Callable[[str, object], object]) -> Params:
     """A Params with every array replaced by ``fn(name, array)`` (shardings, specs, placed arrays)."""
     flat_state = nnx.to_flat_state(params.state)
-    state = nnx.from_flat_state([(p, var.replace(fn(".".join(map(str, p)), var.get_value())))
-                                 for p, var in flat_state])
+    state = nnx.from_flat_state([(p, var.replace(fn(".".join(map(str, p)), var.get_value()))) for p, var in flat_state])
     return Params(params.graphdef, state)
 
 
@@ -373,8 +387,10 @@ def check_divisible(shape: Sequence[int], spec: P, mesh: Mesh, what: str) -> Non
         names = axis if isinstance(axis, tuple) else (axis,)
         n = math.prod(mesh.shape[a] for a in names)
         if size % n:
-            raise ConfigError(f"{what}: dimension {dim} has size {size}, which the mesh axis {axis}={n} "
-                              f"does not divide; choose {axis} among the divisors of {size} or change the rule")
+            raise ConfigError(
+                f"{what}: dimension {dim} has size {size}, which the mesh axis {axis}={n} "
+                f"does not divide; choose {axis} among the divisors of {size} or change the rule"
+            )
 
 
 def param_specs(params: Params, rules: Mapping[str, str], mesh: Mesh | None = None) -> dict[str, P]:
@@ -392,6 +408,7 @@ def _put(x, sharding: NamedSharding):
 
 def shard_params(params: Params, mesh: Mesh, rules: Mapping[str, str]) -> Params:
     """Place every parameter with the ``NamedSharding`` its logical axes and the rules give."""
+
     def place(name, a):
         spec = logical_to_spec(param_logical_axes(name), rules, mesh)
         check_divisible(a.shape, spec, mesh, f"parameter {name} {tuple(a.shape)}")
@@ -421,16 +438,21 @@ def split_cache_shapes(cfg, batch: int, length: int, dtype=jnp.float32) -> KVCac
     """ShapeDtypeStructs of the cache in its split view: K [B, KVH, S, Hd], V [B, KVH, Hd, S]."""
     k = jax.ShapeDtypeStruct((batch, cfg.n_kv_heads, length, cfg.head_dim), dtype)
     v = jax.ShapeDtypeStruct((batch, cfg.n_kv_heads, cfg.head_dim, length), dtype)
-    return KVCache(k=(k,) * cfg.n_layers, v=(v,) * cfg.n_layers, pos=jax.ShapeDtypeStruct((batch, length), jnp.int32),
-                   index=jax.ShapeDtypeStruct((), jnp.int32))
+    return KVCache(
+        k=(k,) * cfg.n_layers,
+        v=(v,) * cfg.n_layers,
+        pos=jax.ShapeDtypeStruct((batch, length), jnp.int32),
+        index=jax.ShapeDtypeStruct((), jnp.int32),
+    )
 
 
 def cache_specs(cfg, rules: Mapping[str, str], mesh: Mesh | None = None) -> KVCache:
     """PartitionSpecs of the split-view cache under ``rules`` (a KVCache of specs)."""
     k = logical_to_spec(CACHE_AXES["k"], rules, mesh)
     v = logical_to_spec(CACHE_AXES["v"], rules, mesh)
-    return KVCache(k=(k,) * cfg.n_layers, v=(v,) * cfg.n_layers, pos=logical_to_spec(CACHE_AXES["pos"], rules, mesh),
-                   index=P())
+    return KVCache(
+        k=(k,) * cfg.n_layers, v=(v,) * cfg.n_layers, pos=logical_to_spec(CACHE_AXES["pos"], rules, mesh), index=P()
+    )
 
 
 def _named(mesh, specs):
@@ -445,6 +467,7 @@ def _named(mesh, specs):
 def _rows_forward(params: Params, tokens, positions, cache: KVCache, last_only: bool):
     """forward() mapped over rows, on the split-view cache: tokens, positions [B, T] ->
     (logits [B, T or 1, V], cache). Each row sees its cache as the model's layout for batch 1."""
+
     def row(tok, pos, k, v, kpos):
         c = KVCache(k=k, v=v, pos=kpos[None], index=cache.index)
         logits, c = forward(params, tok[None], pos[None], c, last_only=last_only)
@@ -496,10 +519,13 @@ def _tp_forward(params: Params, tokens, positions, cache: KVCache | None, last_o
         with jax.named_scope(f"layer{i}"):
             kv = None
             if cache is not None:  # the split view merged locally: [b, kvh, S, Hd] -> [b*kvh, S, Hd]
-                kv = (cache.k[i].reshape(b * kvh, *cache.k[i].shape[2:]),
-                      cache.v[i].reshape(b * kvh, *cache.v[i].shape[2:]))
-            h, kv = layer.attn(layer.attn_norm(x), positions, cos, sin, key_positions, kv,
-                               None if cache is None else cache.index)
+                kv = (
+                    cache.k[i].reshape(b * kvh, *cache.k[i].shape[2:]),
+                    cache.v[i].reshape(b * kvh, *cache.v[i].shape[2:]),
+                )
+            h, kv = layer.attn(
+                layer.attn_norm(x), positions, cos, sin, key_positions, kv, None if cache is None else cache.index
+            )
             x = x + jax.lax.psum(h, axis)  # all-reduce #1: the row-parallel wo's partial sums
             x = x + jax.lax.psum(layer.mlp(layer.mlp_norm(x)), axis)  # all-reduce #2: w_down's
         if kv is not None:
@@ -528,8 +554,21 @@ def _with_graphdef(params: Params, graphdef) -> Params:
 
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-_ITEMSIZE = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "s64": 8, "u64": 8, "s32": 4, "u32": 4, "s16": 2, "u16": 2,
-             "s8": 1, "u8": 1, "pred": 1}
+_ITEMSIZE = {
+    "f64": 8,
+    "f32": 4,
+    "bf16": 2,
+    "f16": 2,
+    "s64": 8,
+    "u64": 8,
+    "s32": 4,
+    "u32": 4,
+    "s16": 2,
+    "u16": 2,
+    "s8": 1,
+    "u8": 1,
+    "pred": 1,
+}
 
 
 def count_collectives(hlo: str) -> dict[str, int]:
@@ -582,8 +621,9 @@ class Sharded:
     Build it with :func:`shard`. Each program is compiled ahead of time on first use for a shape, and
     kept; ``compile_seconds`` adds up the time spent compiling."""
 
-    def __init__(self, params: Params, mesh: Mesh, strategy: str = "auto",
-                 rules: Mapping[str, str | None] | None = None):
+    def __init__(
+        self, params: Params, mesh: Mesh, strategy: str = "auto", rules: Mapping[str, str | None] | None = None
+    ):
         shape = mesh_shape(mesh)
         if strategy == "auto":
             strategy = "data" if shape["model"] == 1 else "tensor" if shape["data"] == 1 else "data+tensor"
@@ -638,10 +678,15 @@ class Sharded:
         cache_sh = _named(self.mesh, cache_specs(self.config, self.rules, self.mesh))
         tok, row = self.sharding(TOKEN_AXES), self.sharding(ROW_AXES)
         ps = self.param_shardings
-        self._prefill = jax.jit(_jit_prefill, in_shardings=(ps, tok, tok, cache_sh), out_shardings=(row, row, cache_sh),
-                                donate_argnums=(3,))
-        self._decode = jax.jit(_jit_decode, in_shardings=(ps, row, row, cache_sh),
-                               out_shardings=(row, row, row, cache_sh), donate_argnums=(3,))
+        self._prefill = jax.jit(
+            _jit_prefill, in_shardings=(ps, tok, tok, cache_sh), out_shardings=(row, row, cache_sh), donate_argnums=(3,)
+        )
+        self._decode = jax.jit(
+            _jit_decode,
+            in_shardings=(ps, row, row, cache_sh),
+            out_shardings=(row, row, row, cache_sh),
+            donate_argnums=(3,),
+        )
         self._logits = jax.jit(_jit_logits, in_shardings=(ps, tok, tok), out_shardings=self.sharding(("batch",)))
         self._cache_sh = cache_sh
 
@@ -649,9 +694,12 @@ class Sharded:
         shapes = split_cache_shapes(self.config, batch, length, self.params.policy.jnp_dtype)
 
         def zeros():  # created in place, shard by shard: no device ever holds the whole cache
-            return KVCache(k=tuple(jnp.zeros(s.shape, s.dtype) for s in shapes.k),
-                           v=tuple(jnp.zeros(s.shape, s.dtype) for s in shapes.v),
-                           pos=jnp.full(shapes.pos.shape, -1, jnp.int32), index=jnp.zeros((), jnp.int32))
+            return KVCache(
+                k=tuple(jnp.zeros(s.shape, s.dtype) for s in shapes.k),
+                v=tuple(jnp.zeros(s.shape, s.dtype) for s in shapes.v),
+                pos=jnp.full(shapes.pos.shape, -1, jnp.int32),
+                index=jnp.zeros((), jnp.int32),
+            )
 
         return jax.jit(zeros, out_shardings=self._cache_sh)()
 
@@ -678,10 +726,12 @@ class Sharded:
             return _tp_forward(_with_graphdef(params, local_graphdef), tokens, positions, None, False)[0]
 
         sm = partial(jax.shard_map, mesh=mesh)
-        self._prefill = jax.jit(sm(prefill, in_specs=(pspecs, tok, tok, cspecs), out_specs=(row, row, cspecs)),
-                                donate_argnums=(3,))
-        self._decode = jax.jit(sm(decode, in_specs=(pspecs, row, row, cspecs), out_specs=(row, row, row, cspecs)),
-                               donate_argnums=(3,))
+        self._prefill = jax.jit(
+            sm(prefill, in_specs=(pspecs, tok, tok, cspecs), out_specs=(row, row, cspecs)), donate_argnums=(3,)
+        )
+        self._decode = jax.jit(
+            sm(decode, in_specs=(pspecs, row, row, cspecs), out_specs=(row, row, row, cspecs)), donate_argnums=(3,)
+        )
         self._logits = jax.jit(sm(logits_fn, in_specs=(pspecs, tok, tok), out_specs=self.spec(("batch",))))
         self._cache_sh = _named(mesh, cspecs)
 
@@ -736,13 +786,18 @@ class Sharded:
         if self.strategy == "pmap":
             out = self._call("logits", (self.params, self._pmap_split(tokens), self._pmap_split(positions)))
             return np.asarray(out).reshape(tokens.shape + (-1,))
-        return _to_host(self._call("logits", (self.params, self._batch_put(tokens, TOKEN_AXES),
-                                              self._batch_put(positions, TOKEN_AXES))))
+        return _to_host(
+            self._call(
+                "logits", (self.params, self._batch_put(tokens, TOKEN_AXES), self._batch_put(positions, TOKEN_AXES))
+            )
+        )
 
     def _check_rows(self, b: int):
         if b % self.rows_multiple:
-            raise InvalidRequestError(f"a batch of {b} rows cannot be split over data={self.rows_multiple}: "
-                                      f"give a multiple of {self.rows_multiple} rows")
+            raise InvalidRequestError(
+                f"a batch of {b} rows cannot be split over data={self.rows_multiple}: "
+                f"give a multiple of {self.rows_multiple} rows"
+            )
 
     def _put_rows(self, x: np.ndarray):
         """Host rows [B, ...] -> the step's input: split over the devices as the rules say
@@ -765,8 +820,14 @@ class Sharded:
             return jax.tree.map(lambda a: jnp.stack([a] * self._n), one)  # [n, ...]: pmap puts slice i on device i
         return self._init_cache(batch, length)
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 32, *, ignore_eos: bool = False,
-                 prefill: bool = True) -> list[list[int]]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int = 32,
+        *,
+        ignore_eos: bool = False,
+        prefill: bool = True,
+    ) -> list[list[int]]:
         """Greedy generation for prompts (lists of token ids) -> the new ids of each prompt.
 
         Same plan as :class:`~jaxlab.generate.Generator` (prefill bucket, cache length), so the tokens
@@ -793,13 +854,21 @@ class Sharded:
         if prefill:
             tokens, positions = left_pad(prompts, cfg.pad_id, padded)
             for c in range(0, padded, chunk):
-                nxt, last, cache = self._call("prefill", (self.params, self._put_rows(tokens[:, c:c + chunk]),
-                                                          self._put_rows(positions[:, c:c + chunk]), cache))
+                nxt, last, cache = self._call(
+                    "prefill",
+                    (
+                        self.params,
+                        self._put_rows(tokens[:, c : c + chunk]),
+                        self._put_rows(positions[:, c : c + chunk]),
+                        cache,
+                    ),
+                )
         else:
             tokens, positions = left_pad(prompts, cfg.pad_id)  # no bucket: every column is a call
             for c in range(tokens.shape[1]):
-                nxt, last, _, cache = self._call("decode", (self.params, self._put_rows(tokens[:, c]),
-                                                            self._put_rows(positions[:, c]), cache))
+                nxt, last, _, cache = self._call(
+                    "decode", (self.params, self._put_rows(tokens[:, c]), self._put_rows(positions[:, c]), cache)
+                )
         pos = self._put_rows(lens)
         steps = [nxt]
         for _ in range(max_new_tokens - 1):
@@ -810,7 +879,7 @@ class Sharded:
         result = []
         for row in out[:n_real].tolist():
             if not ignore_eos and cfg.eos_id in row:
-                row = row[:row.index(cfg.eos_id)]
+                row = row[: row.index(cfg.eos_id)]
             result.append(row)
         return result
 
@@ -882,28 +951,42 @@ class Sharded:
         return f"Sharded({self.config.name}, strategy={self.strategy}, mesh {format_mesh(self.shape)})"
 
 
-def shard(params: Params, mesh: Mesh | str | Mapping[str, int] | None = None, strategy: str = "auto",
-          rules: Mapping[str, str | None] | None = None, devices: Sequence | None = None) -> Sharded:
+def shard(
+    params: Params,
+    mesh: Mesh | str | Mapping[str, int] | None = None,
+    strategy: str = "auto",
+    rules: Mapping[str, str | None] | None = None,
+    devices: Sequence | None = None,
+) -> Sharded:
     """Place ``params`` on ``mesh`` (a Mesh, ``"data=2,model=4"``, a dict, or None: fitted to the devices
     for ``strategy``) with one strategy: auto, data, tensor, data+tensor, shard_map, pmap. A mesh that is
     not a ``Mesh`` is built from ``devices`` (default ``jax.devices()``, e.g. :func:`mesh_devices`' ones)."""
     if not isinstance(mesh, Mesh):
         if mesh is None:
-            mesh = fit_mesh("data+tensor" if strategy == "auto" else strategy,
-                            None if devices is None else len(devices))
+            mesh = fit_mesh(
+                "data+tensor" if strategy == "auto" else strategy, None if devices is None else len(devices)
+            )
         mesh = make_mesh(mesh, devices)
     return Sharded(params, mesh, strategy, rules)
 
 
-def shard_generate(params: Params, prompts: Sequence[Sequence[int]], max_new_tokens: int = 32,
-                   mesh: Mesh | str | Mapping[str, int] | None = None, strategy: str = "auto", *,
-                   ignore_eos: bool = False, prefill: bool = True) -> list[list[int]]:
+def shard_generate(
+    params: Params,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int = 32,
+    mesh: Mesh | str | Mapping[str, int] | None = None,
+    strategy: str = "auto",
+    *,
+    ignore_eos: bool = False,
+    prefill: bool = True,
+) -> list[list[int]]:
     """Greedy generation on a mesh -> the new token ids of each prompt (see :meth:`Sharded.generate`)."""
     return shard(params, mesh, strategy).generate(prompts, max_new_tokens, ignore_eos=ignore_eos, prefill=prefill)
 
 
-def time_all_reduce(mesh: Mesh, shape: Sequence[int] = (1, 576), axis: str = "model", repeats: int = 20,
-                    dtype=jnp.float32) -> list[float]:
+def time_all_reduce(
+    mesh: Mesh, shape: Sequence[int] = (1, 576), axis: str = "model", repeats: int = 20, dtype=jnp.float32
+) -> list[float]:
     """Seconds of ``repeats`` all-reduces (``psum`` over ``axis``) of a ``shape`` array held by each
     device: the collective tensor parallelism runs twice per layer (decode: shape [B, 1, D])."""
     n = mesh.shape[axis]
@@ -919,8 +1002,15 @@ def time_all_reduce(mesh: Mesh, shape: Sequence[int] = (1, 576), axis: str = "mo
     return times
 
 
-def bytes_per_device(cfg, mesh: str | Mapping[str, int], strategy: str, batch: int, cache_len: int,
-                     rules: Mapping[str, str | None] | None = None, itemsize: int = 4) -> dict[str, int]:
+def bytes_per_device(
+    cfg,
+    mesh: str | Mapping[str, int],
+    strategy: str,
+    batch: int,
+    cache_len: int,
+    rules: Mapping[str, str | None] | None = None,
+    itemsize: int = 4,
+) -> dict[str, int]:
     """What one device holds, and moves per decode step, under a strategy: from shapes alone, no arrays.
 
     ``weights``: its share of the (padded) parameters; ``kv_cache``: its share of a ``batch`` x

@@ -144,7 +144,7 @@ def ngram_propose(context: Sequence[int], k: int, max_ngram: int = 3, min_ngram:
         hits = np.flatnonzero((windows == ctx[-n:]).all(axis=1))
         if hits.size:
             start = int(hits[-1]) + n
-            proposal = ctx[start:start + k].tolist()
+            proposal = ctx[start : start + k].tolist()
             return proposal + [proposal[-1]] * (k - len(proposal))
     return None
 
@@ -163,13 +163,13 @@ def draft_params(params: Params, layers: int | None = None, dtype: str | None = 
         raise InvalidRequestError(f"draft layers must be in [1, {cfg.n_layers}], got {layers}")
     policy = params.policy
     if dtype is not None and dtype != policy.dtype and params.quant is not None:
-        raise InvalidRequestError(f"a {dtype} draft is a cast of float parameters; these are quantized "
-                                  f"({params.quant}): drop the draft dtype")
+        raise InvalidRequestError(
+            f"a {dtype} draft is a cast of float parameters; these are quantized ({params.quant}): drop the draft dtype"
+        )
     per = _DRAFT_CACHE.setdefault(params, {})
     key = (layers, dtype)
     if key not in per:
-        flat = {n: a for n, a in params.flat().items()
-                if not n.startswith("layers.") or int(n.split(".")[1]) < layers}
+        flat = {n: a for n, a in params.flat().items() if not n.startswith("layers.") or int(n.split(".")[1]) < layers}
         small = params_from_flat(cfg.replace(n_layers=layers, name=f"{cfg.name}-first{layers}"), flat, policy)
         if dtype is not None and dtype != policy.dtype:
             small = cast_params(small, Policy(dtype, "default" if dtype != "float32" else "highest"))
@@ -338,12 +338,22 @@ class SpeculativeDecoder:
         self.k = int(self.k)
         self.config = self.params.config
         # Generator.plan gives the prompt padding, prefill chunk and cache length; its programs are unused
-        self._plan = Generator(self.params, self.tokenizer, prefill_buckets=self.prefill_buckets,
-                               cache_buckets=self.cache_buckets)
-        self.dparams = draft_params(self.params, self.draft_layers, self.draft_dtype) if self.method == "draft" else None
+        self._plan = Generator(
+            self.params, self.tokenizer, prefill_buckets=self.prefill_buckets, cache_buckets=self.cache_buckets
+        )
+        self.dparams = (
+            draft_params(self.params, self.draft_layers, self.draft_dtype) if self.method == "draft" else None
+        )
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 32,
-                 sampling: SamplingParams | None = None, *, seed: int = 0, ignore_eos: bool = True) -> list[SpecResult]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int = 32,
+        sampling: SamplingParams | None = None,
+        *,
+        seed: int = 0,
+        ignore_eos: bool = True,
+    ) -> list[SpecResult]:
         """Generate for a batch of prompts (lists of token ids). Greedy (the default) gives exactly the
         tokens of ``Generator(params).generate(prompts, max_new_tokens, ignore_eos=...)``."""
         with CompileCounter() as cc:
@@ -376,14 +386,28 @@ class SpeculativeDecoder:
         key, sub = jax.random.split(key)
         cache = init_cache(cfg, b, cache_len, self.params.policy.jnp_dtype)
         for c in range(0, padded, chunk):
-            nxt, cache = _jit_prefill(self.params, jnp.asarray(tokens[:, c:c + chunk]),
-                                      jnp.asarray(positions[:, c:c + chunk]), cache, sub, *samp, greedy=greedy)
+            nxt, cache = _jit_prefill(
+                self.params,
+                jnp.asarray(tokens[:, c : c + chunk]),
+                jnp.asarray(positions[:, c : c + chunk]),
+                cache,
+                sub,
+                *samp,
+                greedy=greedy,
+            )
         dcache = None
         if self.dparams is not None:
             dcache = init_cache(self.dparams.config, b, cache_len, self.dparams.policy.jnp_dtype)
             for c in range(0, padded, chunk):
-                _, dcache = _jit_prefill(self.dparams, jnp.asarray(tokens[:, c:c + chunk]),
-                                         jnp.asarray(positions[:, c:c + chunk]), dcache, sub, *samp, greedy=greedy)
+                _, dcache = _jit_prefill(
+                    self.dparams,
+                    jnp.asarray(tokens[:, c : c + chunk]),
+                    jnp.asarray(positions[:, c : c + chunk]),
+                    dcache,
+                    sub,
+                    *samp,
+                    greedy=greedy,
+                )
         x = np.asarray(nxt)
         t_prefill = time.perf_counter() - t0
 
@@ -424,16 +448,36 @@ class SpeculativeDecoder:
                 # nothing to propose in any row: a plain decode step (the same program with k = 0)
                 feed = np.concatenate([x[:, None], drafts], axis=1) if any(found) else x[:, None]
             else:
-                d, q, dcache = _jit_draft(self.dparams, jnp.asarray(prev), jnp.asarray(x), jnp.asarray(pos), dcache,
-                                          jnp.int32(index - 1), sub, *samp, greedy=greedy, k=k)
+                d, q, dcache = _jit_draft(
+                    self.dparams,
+                    jnp.asarray(prev),
+                    jnp.asarray(x),
+                    jnp.asarray(pos),
+                    dcache,
+                    jnp.int32(index - 1),
+                    sub,
+                    *samp,
+                    greedy=greedy,
+                    k=k,
+                )
                 draft_calls += 1
                 drafts = np.asarray(d)
                 found = [True] * b
                 feed = np.concatenate([x[:, None], drafts], axis=1)
             t = feed.shape[1]
             feed_pos = pos[:, None] + np.arange(t, dtype=np.int32)[None]
-            out, n_rows, cache = _jit_verify(self.params, jnp.asarray(feed), jnp.asarray(feed_pos), cache,
-                                             jnp.int32(index), q, sub, *samp, greedy=greedy, onehot=onehot)
+            out, n_rows, cache = _jit_verify(
+                self.params,
+                jnp.asarray(feed),
+                jnp.asarray(feed_pos),
+                cache,
+                jnp.int32(index),
+                q,
+                sub,
+                *samp,
+                greedy=greedy,
+                onehot=onehot,
+            )
             target_calls += 1
             out, n_rows = np.asarray(out), np.asarray(n_rows)
             n = int(min(n_rows[i] for i in live))  # lockstep: every row advances by the batch's minimum
@@ -443,7 +487,7 @@ class SpeculativeDecoder:
                     proposed[i] += k
                     accepted[i] += int(n_rows[i])
                 rounds[i].append((drafts[i].tolist() if checked else None, out[i].tolist(), int(n_rows[i]), n))
-                emit(i, out[i, :n + 1])
+                emit(i, out[i, : n + 1])
             prev = out[:, n - 1] if n > 0 else x
             x = out[:, n].copy()
             pos = pos + n + 1
@@ -453,10 +497,23 @@ class SpeculativeDecoder:
         results = []
         for i in range(b):
             text = self.tokenizer.decode(out_ids[i]) if self.tokenizer is not None else ""
-            results.append(SpecResult(
-                prompt_ids=prompts[i], generated_ids=out_ids[i], text=text, finish_reason=finish[i] or "length",
-                method=self.method, k=k, proposed=proposed[i], accepted=accepted[i], target_calls=target_calls,
-                draft_calls=draft_calls, prefill_seconds=t_prefill, decode_seconds=t_decode, rounds=rounds[i]))
+            results.append(
+                SpecResult(
+                    prompt_ids=prompts[i],
+                    generated_ids=out_ids[i],
+                    text=text,
+                    finish_reason=finish[i] or "length",
+                    method=self.method,
+                    k=k,
+                    proposed=proposed[i],
+                    accepted=accepted[i],
+                    target_calls=target_calls,
+                    draft_calls=draft_calls,
+                    prefill_seconds=t_prefill,
+                    decode_seconds=t_decode,
+                    rounds=rounds[i],
+                )
+            )
         return results
 
     def warmup(self, batch: int = 1, prompt_len: int = 32, max_new_tokens: int = 32, greedy: bool = True) -> float:
@@ -470,16 +527,36 @@ class SpeculativeDecoder:
             _, _, cache_len = self._plan.plan([prompt_len] * batch, max_new_tokens + self.k)
             cache = init_cache(self.config, batch, cache_len, self.params.policy.jnp_dtype)
             one = jnp.zeros((batch, 1), jnp.int32)
-            out = _jit_verify(self.params, one, one, cache, jnp.int32(0), None, jax.random.key(0), *sp.arrays(),
-                              greedy=sp.greedy, onehot=not sp.greedy)
+            out = _jit_verify(
+                self.params,
+                one,
+                one,
+                cache,
+                jnp.int32(0),
+                None,
+                jax.random.key(0),
+                *sp.arrays(),
+                greedy=sp.greedy,
+                onehot=not sp.greedy,
+            )
             jax.block_until_ready(out)
         return time.perf_counter() - t0
 
 
-def speculative_generate(params: Params, prompts: Sequence[Sequence[int]], max_new_tokens: int = 32, *,
-                         method: str = "ngram", k: int = DEFAULT_K, draft_layers: int = DEFAULT_DRAFT_LAYERS,
-                         draft_dtype: str | None = None, ignore_eos: bool = True, tokenizer=None,
-                         sampling: SamplingParams | None = None, seed: int = 0) -> list[SpecResult]:
+def speculative_generate(
+    params: Params,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int = 32,
+    *,
+    method: str = "ngram",
+    k: int = DEFAULT_K,
+    draft_layers: int = DEFAULT_DRAFT_LAYERS,
+    draft_dtype: str | None = None,
+    ignore_eos: bool = True,
+    tokenizer=None,
+    sampling: SamplingParams | None = None,
+    seed: int = 0,
+) -> list[SpecResult]:
     """Speculative generation in one call (see :class:`SpeculativeDecoder`): greedy by default, with
     exactly plain greedy's tokens; ``sampling`` switches to the rejection rule."""
     dec = SpeculativeDecoder(params, tokenizer, method=method, k=k, draft_layers=draft_layers, draft_dtype=draft_dtype)
@@ -490,8 +567,10 @@ def speculative_generate(params: Params, prompts: Sequence[Sequence[int]], max_n
 # Measuring: acceptance and speed-up by task type
 # --------------------------------------------------------------------------------------------------
 
-PARAGRAPH = ("The lighthouse stood on a rock at the end of the harbour. Every evening the keeper climbed "
-             "the stairs, lit the lamp and watched the ships come home before the storm.")
+PARAGRAPH = (
+    "The lighthouse stood on a rock at the end of the harbour. Every evening the keeper climbed "
+    "the stairs, lit the lamp and watched the ships come home before the storm."
+)
 CODE = "def area(width, height):\n    retrun width * height\n\nprint(area(3, 4))"
 
 #: Prompts by task (all 65-128 tokens with the chat template: one prefill bucket): three whose
@@ -499,19 +578,25 @@ CODE = "def area(width, height):\n    retrun width * height\n\nprint(area(3, 4))
 TASK_PROMPTS: dict[str, list[str]] = {
     "copy: repeat": [f"Repeat this text exactly: {PARAGRAPH}"],
     "copy: fix code": [f"Fix the typo in this code and show the corrected code:\n{CODE}"],
-    "copy: extract": ["Extract the names of the people from this text and list them: Alice met Bob at the "
-                      "station at noon, then Carol and Dave joined them for lunch with Eve, and Frank came late."],
-    "open-ended": ["Write a short story about a robot who learns to paint. Give the robot a name, describe "
-                   "the studio where it works, and tell what the other robots think of its first picture."],
+    "copy: extract": [
+        "Extract the names of the people from this text and list them: Alice met Bob at the "
+        "station at noon, then Carol and Dave joined them for lunch with Eve, and Frank came late."
+    ],
+    "open-ended": [
+        "Write a short story about a robot who learns to paint. Give the robot a name, describe "
+        "the studio where it works, and tell what the other robots think of its first picture."
+    ],
 }
 
 
 #: The same, grouped by task *type* (with a second open-ended prompt): rows for ``jaxlab bench``.
 TASK_TYPES: dict[str, list[str]] = {
     "copy-heavy": [p for task, ps in TASK_PROMPTS.items() if task.startswith("copy") for p in ps],
-    "open-ended": TASK_PROMPTS["open-ended"] + [
+    "open-ended": TASK_PROMPTS["open-ended"]
+    + [
         "Write a short poem about the sea at night, in four lines, with the moon, a boat and a lighthouse in it, "
-        "and say in one sentence afterwards what the poem is about."],
+        "and say in one sentence afterwards what the poem is about."
+    ],
 }
 
 
@@ -520,10 +605,19 @@ def chat_prompt(tokenizer, text: str) -> list[int]:
     return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
 
 
-def measure(params: Params, tokenizer, prompts_by_task: Mapping[str, Sequence] | None = None, k: int = DEFAULT_K,
-            max_new_tokens: int = 32, methods: Sequence[str] = METHODS, draft_layers: int = DEFAULT_DRAFT_LAYERS,
-            repeats: int = 2, batch: int = 1, generator: Generator | None = None,
-            outputs: dict | None = None) -> list[dict]:
+def measure(
+    params: Params,
+    tokenizer,
+    prompts_by_task: Mapping[str, Sequence] | None = None,
+    k: int = DEFAULT_K,
+    max_new_tokens: int = 32,
+    methods: Sequence[str] = METHODS,
+    draft_layers: int = DEFAULT_DRAFT_LAYERS,
+    repeats: int = 2,
+    batch: int = 1,
+    generator: Generator | None = None,
+    outputs: dict | None = None,
+) -> list[dict]:
     """Acceptance and decode speed-up against plain greedy (:class:`jaxlab.Generator`), by task.
 
     Prompts are texts (wrapped in the chat template) or id lists. With ``batch`` 1 each prompt runs
@@ -537,21 +631,30 @@ def measure(params: Params, tokenizer, prompts_by_task: Mapping[str, Sequence] |
     for the baseline, and a dict as ``outputs`` to receive each task's prompts and plain greedy
     tokens (``{task: (prompt id lists, generated id lists)}``)."""
     prompts_by_task = TASK_PROMPTS if prompts_by_task is None else prompts_by_task
-    as_ids = {task: [chat_prompt(tokenizer, p) if isinstance(p, str) else list(p) for p in ps]
-              for task, ps in prompts_by_task.items()}
-    batches = {task: ([[p] for p in ps] if batch == 1 else [[ps[i % len(ps)] for i in range(batch)]])
-               for task, ps in as_ids.items()}
+    as_ids = {
+        task: [chat_prompt(tokenizer, p) if isinstance(p, str) else list(p) for p in ps]
+        for task, ps in prompts_by_task.items()
+    }
+    batches = {
+        task: ([[p] for p in ps] if batch == 1 else [[ps[i % len(ps)] for i in range(batch)]])
+        for task, ps in as_ids.items()
+    }
     plain = generator or Generator(params, tokenizer)
     decoders = {m: SpeculativeDecoder(params, tokenizer, method=m, k=k, draft_layers=draft_layers) for m in methods}
-    runners = {"plain": (lambda ps: plain.generate(ps, max_new_tokens, ignore_eos=True),
-                         lambda res: res[0].compile_seconds > 0)}
+    runners = {
+        "plain": (
+            lambda ps: plain.generate(ps, max_new_tokens, ignore_eos=True),
+            lambda res: res[0].compile_seconds > 0,
+        )
+    }
     for m, dec in decoders.items():
         runners[m] = (lambda ps, dec=dec: dec.generate(ps, max_new_tokens), lambda res: res[0].compiles > 0)
 
     rows = []
     for task, group in batches.items():
-        totals = {name: {"secs": 0.0, "tokens": 0, "proposed": 0, "accepted": 0, "calls": 0, "same": True}
-                  for name in runners}
+        totals = {
+            name: {"secs": 0.0, "tokens": 0, "proposed": 0, "accepted": 0, "calls": 0, "same": True} for name in runners
+        }
         reference = []
         for prompts in group:
             best: dict = {}
@@ -580,10 +683,20 @@ def measure(params: Params, tokenizer, prompts_by_task: Mapping[str, Sequence] |
         for m in decoders:
             t = totals[m]
             spec_tps = t["tokens"] / t["secs"]
-            rows.append({"task": task, "method": m if m == "ngram" else f"draft L={draft_layers}", "k": k,
-                         "batch": batch, "acceptance": t["accepted"] / t["proposed"] if t["proposed"] else float("nan"),
-                         "tokens/call": t["tokens"] / t["calls"], "plain tok/s": plain_tps, "spec tok/s": spec_tps,
-                         "speed-up": spec_tps / plain_tps, "identical": "yes" if t["same"] else "no"})
+            rows.append(
+                {
+                    "task": task,
+                    "method": m if m == "ngram" else f"draft L={draft_layers}",
+                    "k": k,
+                    "batch": batch,
+                    "acceptance": t["accepted"] / t["proposed"] if t["proposed"] else float("nan"),
+                    "tokens/call": t["tokens"] / t["calls"],
+                    "plain tok/s": plain_tps,
+                    "spec tok/s": spec_tps,
+                    "speed-up": spec_tps / plain_tps,
+                    "identical": "yes" if t["same"] else "no",
+                }
+            )
     return rows
 
 
@@ -598,9 +711,12 @@ def _exit_tokens(params: Params, tokens, positions, layers: tuple, n_score: int)
     for i, layer in enumerate(mod.layers):
         x, _ = layer(x, positions, cos, sin, positions)
         if i + 1 in layers:
-            h = mod.norm(x[:, -n_score - 1:-1])
-            logits = jnp.einsum("btd,vd->btv", h, mod.embed[...].astype(h.dtype), precision=mod.policy.lax_precision) \
-                if cfg.tie_embeddings else h @ mod.lm_head[...]
+            h = mod.norm(x[:, -n_score - 1 : -1])
+            logits = (
+                jnp.einsum("btd,vd->btv", h, mod.embed[...].astype(h.dtype), precision=mod.policy.lax_precision)
+                if cfg.tie_embeddings
+                else h @ mod.lm_head[...]
+            )
             picks.append(jnp.argmax(logits, axis=-1))
     return jnp.stack(picks)
 
@@ -608,8 +724,12 @@ def _exit_tokens(params: Params, tokens, positions, layers: tuple, n_score: int)
 _jit_exit_tokens = jax.jit(_exit_tokens, static_argnames=("layers", "n_score"))
 
 
-def early_exit_agreement(params: Params, prompts: Sequence[Sequence[int]], generated: Sequence[Sequence[int]],
-                         layers: Sequence[int] | None = None) -> dict[int, float]:
+def early_exit_agreement(
+    params: Params,
+    prompts: Sequence[Sequence[int]],
+    generated: Sequence[Sequence[int]],
+    layers: Sequence[int] | None = None,
+) -> dict[int, float]:
     """How often would a draft made of the first L layers guess the model's next greedy token?
 
     For each L, the fraction of the ``generated`` tokens (all but the first) that the model cut after
@@ -630,8 +750,15 @@ def early_exit_agreement(params: Params, prompts: Sequence[Sequence[int]], gener
     return {L: float((picks[j] == truth).mean()) for j, L in enumerate(layers)}
 
 
-def step_costs(params: Params, k: int = DEFAULT_K, batch: int = 1, draft_layers: int | None = DEFAULT_DRAFT_LAYERS,
-               prompt_len: int = 128, max_new_tokens: int = 32, repeats: int = 5) -> dict[str, float]:
+def step_costs(
+    params: Params,
+    k: int = DEFAULT_K,
+    batch: int = 1,
+    draft_layers: int | None = DEFAULT_DRAFT_LAYERS,
+    prompt_len: int = 128,
+    max_new_tokens: int = 32,
+    repeats: int = 5,
+) -> dict[str, float]:
     """Seconds (best of ``repeats``) of one plain decode step (T=1), one verify step (T=k+1) and, with
     ``draft_layers``, one draft round (k tokens of the draft model), with the same programs and shapes
     a generation of ``batch`` prompts of ``prompt_len`` tokens uses."""
@@ -655,16 +782,22 @@ def step_costs(params: Params, k: int = DEFAULT_K, batch: int = 1, draft_layers:
         toks = jnp.ones((batch, t), jnp.int32)
         positions = pos[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
         return lambda c: (lambda o: (o[0], o[2]))(
-            _jit_verify(params, toks, positions, c, index, None, key, *samp, greedy=True, onehot=False))
+            _jit_verify(params, toks, positions, c, index, None, key, *samp, greedy=True, onehot=False)
+        )
 
-    costs = {"decode_s": best(verify(1), init_cache(params.config, batch, cache_len, params.policy.jnp_dtype)),
-             "verify_s": best(verify(k + 1), init_cache(params.config, batch, cache_len, params.policy.jnp_dtype))}
+    costs = {
+        "decode_s": best(verify(1), init_cache(params.config, batch, cache_len, params.policy.jnp_dtype)),
+        "verify_s": best(verify(k + 1), init_cache(params.config, batch, cache_len, params.policy.jnp_dtype)),
+    }
     if draft_layers:
         dp = draft_params(params, draft_layers)
         ones = jnp.ones((batch,), jnp.int32)
         costs["draft_s"] = best(
-            lambda c: (lambda o: (o[0], o[2]))(_jit_draft(dp, ones, ones, pos, c, index - 1, key, *samp, greedy=True, k=k)),
-            init_cache(dp.config, batch, cache_len, dp.policy.jnp_dtype))
+            lambda c: (lambda o: (o[0], o[2]))(
+                _jit_draft(dp, ones, ones, pos, c, index - 1, key, *samp, greedy=True, k=k)
+            ),
+            init_cache(dp.config, batch, cache_len, dp.policy.jnp_dtype),
+        )
     return costs
 
 
@@ -699,11 +832,15 @@ def describe_rounds(result: SpecResult, tokenizer=None, max_rounds: int = 6) -> 
     model's own token (correction or bonus), and the text emitted."""
     rows = []
     for r, (drafts, out, _own, n) in enumerate(result.rounds[:max_rounds], 1):
-        rows.append({"round": r,
-                     "drafted": "|".join(_piece(tokenizer, t) for t in drafts) if drafts else "(no draft)",
-                     "kept": n if drafts else 0,
-                     "model's token": _piece(tokenizer, out[n]),
-                     "emitted": "".join(_piece(tokenizer, t) for t in out[:n + 1])})
+        rows.append(
+            {
+                "round": r,
+                "drafted": "|".join(_piece(tokenizer, t) for t in drafts) if drafts else "(no draft)",
+                "kept": n if drafts else 0,
+                "model's token": _piece(tokenizer, out[n]),
+                "emitted": "".join(_piece(tokenizer, t) for t in out[: n + 1]),
+            }
+        )
     return rows
 
 
@@ -721,12 +858,13 @@ def plot_rounds(result: SpecResult, tokenizer=None, max_rounds: int = 8, ax=None
         y = len(rounds) - 1 - r
         if drafts is None:  # no n-gram recurred: a plain decode step
             ax.add_patch(Rectangle((0, y + 0.1), k - 0.05, 0.8, facecolor="white", edgecolor="gray"))
-            ax.text(k / 2, y + 0.5, "no draft: a plain decode step", ha="center", va="center", fontsize=8,
-                    color="gray")
+            ax.text(k / 2, y + 0.5, "no draft: a plain decode step", ha="center", va="center", fontsize=8, color="gray")
             cells = [None] * k
         else:
-            cells = [(_piece(tokenizer, d), "#8fd694" if j < n else ("#f08080" if j == n else "#dddddd"))
-                     for j, d in enumerate(drafts)]
+            cells = [
+                (_piece(tokenizer, d), "#8fd694" if j < n else ("#f08080" if j == n else "#dddddd"))
+                for j, d in enumerate(drafts)
+            ]
         cells.append((_piece(tokenizer, out[n]), "#8ab6f9"))
         for j, cell in enumerate(cells):
             if cell is None:
@@ -764,8 +902,13 @@ def plot_speedup(costs: dict, k: int, measured: Sequence[dict] = (), ax=None):
         ax.plot(x, x / (verify + draft), label=f"draft model ({k} draft tokens = {draft:.1f} decode steps)")
     for i, r in enumerate(measured):
         ax.plot(r["tokens/call"], r["speed-up"], "o", color="C0" if r["method"] == "ngram" else "C1")
-        ax.annotate(r["task"], (r["tokens/call"], r["speed-up"]), fontsize=7, xytext=(5, 4 if i % 2 else -10),
-                    textcoords="offset points")
+        ax.annotate(
+            r["task"],
+            (r["tokens/call"], r["speed-up"]),
+            fontsize=7,
+            xytext=(5, 4 if i % 2 else -10),
+            textcoords="offset points",
+        )
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set_xlabel("tokens per verify call")
     ax.set_ylabel("speed-up over plain decoding")

@@ -123,14 +123,27 @@ class StageRun:
         return len(self.tokens) / total if total else float("nan")
 
     def row(self) -> dict:
-        return {"stage": self.name, "tokens": len(self.tokens), "compiles": self.compiles,
-                "compile s": self.compile_s, "run s": self.run_s, "tokens/s": self.tokens_per_s,
-                "tokens/s incl. compile": self.tokens_per_s_with_compile}
+        return {
+            "stage": self.name,
+            "tokens": len(self.tokens),
+            "compiles": self.compiles,
+            "compile s": self.compile_s,
+            "run s": self.run_s,
+            "tokens/s": self.tokens_per_s,
+            "tokens/s incl. compile": self.tokens_per_s_with_compile,
+        }
 
 
 def _run(name: str, meter: Meter, tokens: list[int], step_s: list[float] | None = None) -> StageRun:
-    return StageRun(name, [int(t) for t in tokens], meter.compiles, meter.compile_s, meter.run_s,
-                    meter.from_disk, list(step_s or []))
+    return StageRun(
+        name,
+        [int(t) for t in tokens],
+        meter.compiles,
+        meter.compile_s,
+        meter.run_s,
+        meter.from_disk,
+        list(step_s or []),
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -196,10 +209,12 @@ def naive_generate(params: Params, prompt_ids: Sequence[int], n: int) -> StageRu
         last = jnp.int32(len(seq) - 1)
         fn = meter.program("naive", _jit_next_from_full, params, tokens, positions, last)
         seq.append(int(meter.run(fn, params, tokens, positions, last)[0]))
-    return _run("1 naive: recompute, new shape per token", meter, seq[len(prompt_ids):])
+    return _run("1 naive: recompute, new shape per token", meter, seq[len(prompt_ids) :])
 
 
-def padded_generate(params: Params, prompt_ids: Sequence[int], n: int, buckets: Sequence[int] = SEQ_BUCKETS) -> StageRun:
+def padded_generate(
+    params: Params, prompt_ids: Sequence[int], n: int, buckets: Sequence[int] = SEQ_BUCKETS
+) -> StageRun:
     """Stage 2: the same recomputation in a fixed-shape buffer of ``bucket(len(prompt) + n)`` slots.
 
     The prompt sits at the left, unused slots hold position -1 (masked). The buffer's shape never
@@ -230,8 +245,9 @@ def _prefill(params: Params, prompt_ids: Sequence[int], n: int, meter: Meter, ca
     return meter.run(fn, *args)
 
 
-def cached_generate(params: Params, prompt_ids: Sequence[int], n: int, *, jit: bool = True,
-                    cache_buckets: Sequence[int] = CACHE_BUCKETS) -> StageRun:
+def cached_generate(
+    params: Params, prompt_ids: Sequence[int], n: int, *, jit: bool = True, cache_buckets: Sequence[int] = CACHE_BUCKETS
+) -> StageRun:
     """Stage 3: prefill once, then one :func:`greedy_decode_step` per token, the loop on the host.
 
     ``jit=False`` runs the decode step eagerly (op by op, each op dispatched from Python); its first
@@ -265,8 +281,9 @@ def cached_generate(params: Params, prompt_ids: Sequence[int], n: int, *, jit: b
     return _run(name, meter, out, step_s)
 
 
-def on_device_generate(params: Params, prompt_ids: Sequence[int], n: int,
-                       cache_buckets: Sequence[int] = CACHE_BUCKETS) -> StageRun:
+def on_device_generate(
+    params: Params, prompt_ids: Sequence[int], n: int, cache_buckets: Sequence[int] = CACHE_BUCKETS
+) -> StageRun:
     """Stage 4: prefill, then every decode step inside one ``lax.fori_loop`` on the device."""
     meter = Meter()
     tok, cache = _prefill(params, prompt_ids, n, meter, cache_buckets)
@@ -324,11 +341,13 @@ def vmap_step(params: Params, tokens, pos, cache: KVCache):
 
     The batched cache is viewed as B batch-1 caches (a free reshape), vmapped over, and viewed back."""
     b = tokens.shape[0]
-    rows = KVCache(tuple(_rows(a, b) for a in cache.k), tuple(_rows(a, b) for a in cache.v),
-                   _rows(cache.pos, b), cache.index)
+    rows = KVCache(
+        tuple(_rows(a, b) for a in cache.k), tuple(_rows(a, b) for a in cache.v), _rows(cache.pos, b), cache.index
+    )
     axes = cache_axes(len(cache.k))
     logits, rows = jax.vmap(single_sequence_step, in_axes=(None, 0, 0, axes), out_axes=(0, axes))(
-        params, tokens, pos, rows)
+        params, tokens, pos, rows
+    )
     cache = KVCache(tuple(map(_unrows, rows.k)), tuple(map(_unrows, rows.v)), _unrows(rows.pos), rows.index)
     return jnp.argmax(logits, axis=-1).astype(jnp.int32), logits, cache
 
@@ -362,8 +381,9 @@ class BatchRun:
         return float(np.min(self.step_s))
 
 
-def step_generate(params: Params, prompts: Sequence[Sequence[int]], n: int, *, step: str = "batched",
-                  cache_len: int = 64) -> BatchRun:
+def step_generate(
+    params: Params, prompts: Sequence[Sequence[int]], n: int, *, step: str = "batched", cache_len: int = 64
+) -> BatchRun:
     """Greedy ``n`` tokens for a ragged batch, one token per row per call of ``step`` ("batched" or "vmap").
 
     The prompts are left-padded (:func:`left_pad`) and fed through the same one-token step first (a
@@ -396,12 +416,19 @@ def step_cost(params: Params, batch: int, step: str = "batched", cache_len: int 
     """XLA's cost model of the compiled one-token ``step`` ("batched" or "vmap") at this batch size:
     ``{"flops", "bytes accessed"}``. Reuses the program :func:`step_generate` compiled, if any."""
     cfg = params.config
-    args = (params, jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), jnp.int32),
-            init_cache(cfg, batch, cache_len, params.policy.jnp_dtype))
+    args = (
+        params,
+        jnp.zeros((batch,), jnp.int32),
+        jnp.zeros((batch,), jnp.int32),
+        init_cache(cfg, batch, cache_len, params.policy.jnp_dtype),
+    )
     raw = Meter().program(step, _STEPS[step], *args).cost_analysis()
     if isinstance(raw, (list, tuple)):  # older jax: one dict per device program
         raw = {k: sum(float(d.get(k, 0.0)) for d in raw) for k in ("flops", "bytes accessed")}
-    return {"flops": float(raw.get("flops", float("nan"))), "bytes accessed": float(raw.get("bytes accessed", float("nan")))}
+    return {
+        "flops": float(raw.get("flops", float("nan"))),
+        "bytes accessed": float(raw.get("bytes accessed", float("nan"))),
+    }
 
 
 def logits_agree(a: np.ndarray, b: np.ndarray, rtol: float = 1e-4) -> bool:
@@ -410,8 +437,13 @@ def logits_agree(a: np.ndarray, b: np.ndarray, rtol: float = 1e-4) -> bool:
     return a.shape == b.shape and float(np.abs(a - b).max()) <= rtol * float(np.abs(b).max())
 
 
-def throughput_vs_batch(params: Params, batch_sizes: Sequence[int] = (1, 2, 4, 8, 16), steps: int = 6,
-                        context: int = 32, cache_len: int = 64) -> list[dict]:
+def throughput_vs_batch(
+    params: Params,
+    batch_sizes: Sequence[int] = (1, 2, 4, 8, 16),
+    steps: int = 6,
+    context: int = 32,
+    cache_len: int = 64,
+) -> list[dict]:
     """Time the jitted :func:`batched_step` at each batch size -> rows of step ms and tokens/s.
 
     Each row's cache holds ``context`` visible slots (as after a ``context``-token prompt), so every
@@ -422,8 +454,9 @@ def throughput_vs_batch(params: Params, batch_sizes: Sequence[int] = (1, 2, 4, 8
     rows = []
     for b in batch_sizes:
         cache = init_cache(cfg, b, cache_len, params.policy.jnp_dtype)
-        cache = KVCache(cache.k, cache.v, cache.pos.at[:, :context].set(jnp.arange(context)),
-                        jnp.asarray(context, jnp.int32))
+        cache = KVCache(
+            cache.k, cache.v, cache.pos.at[:, :context].set(jnp.arange(context)), jnp.asarray(context, jnp.int32)
+        )
         tok = jnp.full((b,), cfg.bos_id, jnp.int32)
         meter, times = Meter(), []
         for s in range(steps):
@@ -510,16 +543,25 @@ class Explorer:
         self.max_new_tokens = max_new_tokens
         self._widgets: dict[str, Any] = {}
 
-    def generate(self, prompt: str, temperature: float = 0.7, top_p: float = 0.9, seed: int = 0,
-                 max_new_tokens: int | None = None, on_text: Callable[[str], None] | None = None) -> str:
+    def generate(
+        self,
+        prompt: str,
+        temperature: float = 0.7,
+        top_p: float = 0.9,
+        seed: int = 0,
+        max_new_tokens: int | None = None,
+        on_text: Callable[[str], None] | None = None,
+    ) -> str:
         """Reply to ``prompt`` (one user message through the chat template); ``on_text`` gets pieces as they
         arrive. Returns the whole reply; the same arguments always give the same reply."""
-        ids = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                 tokenize=True)
+        ids = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+        )
         sampling = SamplingParams(temperature=float(temperature), top_p=float(top_p))
         stream = None if on_text is None else (lambda row, piece: on_text(piece))
-        result = self.generator.generate([ids], max_new_tokens or self.max_new_tokens, sampling, seed=int(seed),
-                                         on_text=stream)[0]
+        result = self.generator.generate(
+            [ids], max_new_tokens or self.max_new_tokens, sampling, seed=int(seed), on_text=stream
+        )[0]
         return result.text
 
     def widget(self):

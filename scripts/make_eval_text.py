@@ -54,8 +54,11 @@ def prose(module: str) -> str:
     tree = ast.parse(source_of(module))
     lead = ast.get_docstring(tree) or ""
     if module == "heapq":  # heapq's essay on heaps (__about__) repeats and extends its docstring: use it instead
-        lead = next(n.value.value for n in tree.body if isinstance(n, ast.Assign)
-                    and any(getattr(t, "id", None) == "__about__" for t in n.targets))
+        lead = next(
+            n.value.value
+            for n in tree.body
+            if isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "__about__" for t in n.targets)
+        )
     parts = [f"{module}\n{'=' * len(module)}\n\n{inspect.cleandoc(lead)}"]
     size = len(parts[0])
     for title, doc in _entries(tree.body, f"{module}."):
@@ -84,12 +87,16 @@ def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "stdlib.txt").write_text(text, encoding="utf-8", newline="\n")
     manifest = {
-        "python": platform.python_version(), "implementation": sys.implementation.name,
-        "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(), "bytes": len(text.encode("utf-8")),
+        "python": platform.python_version(),
+        "implementation": sys.implementation.name,
+        "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+        "bytes": len(text.encode("utf-8")),
         "sections": sections,
     }
     (OUT / "stdlib.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
-    print(f"wrote {OUT / 'stdlib.txt'}: {manifest['bytes']} bytes, {len(sections)} sections, Python {manifest['python']}")
+    print(
+        f"wrote {OUT / 'stdlib.txt'}: {manifest['bytes']} bytes, {len(sections)} sections, Python {manifest['python']}"
+    )
     return 0
 
 

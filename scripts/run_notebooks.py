@@ -20,7 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def run(path: Path, timeout: int) -> float:
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
+    client = NotebookClient(
+        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+    )
     t0 = time.perf_counter()
     client.execute()
     seconds = time.perf_counter() - t0

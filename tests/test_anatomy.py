@@ -6,21 +6,17 @@ Each exercise checker must FAIL on a wrong answer and PASS on the solution in no
 
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import load_solution
 
 from jaxlab import anatomy as ji
 from jaxlab.config import tiny
 from jaxlab.exercises import nb03, nb05
 from jaxlab.kvcache import init_cache, left_pad, rollback
 from jaxlab.model import init_params
-from conftest import load_solution
-
-
-
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +51,15 @@ def test_param_table_reads_gguf_bytes(smollm):
 
 
 def test_component_names_agree_between_tree_and_gguf():
-    pairs = [("embed", "token_embd.weight"), ("layers.3.attn.wq", "blk.3.attn_q.weight"),
-             ("layers.3.attn.wo", "blk.3.attn_output.weight"), ("layers.0.mlp.w_down", "blk.0.ffn_down.weight"),
-             ("layers.0.attn_norm.weight", "blk.0.attn_norm.weight"), ("norm.weight", "output_norm.weight"),
-             ("lm_head", "output.weight")]
+    pairs = [
+        ("embed", "token_embd.weight"),
+        ("layers.3.attn.wq", "blk.3.attn_q.weight"),
+        ("layers.3.attn.wo", "blk.3.attn_output.weight"),
+        ("layers.0.mlp.w_down", "blk.0.ffn_down.weight"),
+        ("layers.0.attn_norm.weight", "blk.0.attn_norm.weight"),
+        ("norm.weight", "output_norm.weight"),
+        ("lm_head", "output.weight"),
+    ]
     for ours, theirs in pairs:
         assert ji.component(ours) == ji.gguf_component(theirs), (ours, theirs)
 
@@ -148,8 +149,8 @@ def test_cached_decoding_equals_uncached_forward(params):
     assert int(cache.index) == len(prompt) + 5
     seq = prompt + toks[:-1]
     full = ji.uncached_logits(params, jnp.asarray([seq]), jnp.arange(len(seq))[None])[0]
-    assert ji.max_logit_error(logits, full[len(prompt) - 1:]) < 1e-5
-    assert toks == [int(i) for i in np.argmax(np.asarray(full[len(prompt) - 1:]), axis=-1)]
+    assert ji.max_logit_error(logits, full[len(prompt) - 1 :]) < 1e-5
+    assert toks == [int(i) for i in np.argmax(np.asarray(full[len(prompt) - 1 :]), axis=-1)]
 
 
 def test_rollback_then_decode_gives_the_same_tokens(params):
@@ -218,8 +219,10 @@ def test_latency_vs_context_rows(params):
 
 def test_cache_claim_verdict_logic():
     def rows(no, c):
-        return [{"context": 32, "without cache ms": no[0], "with cache ms": c[0], "speed-up": no[0] / c[0]},
-                {"context": 512, "without cache ms": no[1], "with cache ms": c[1], "speed-up": no[1] / c[1]}]
+        return [
+            {"context": 32, "without cache ms": no[0], "with cache ms": c[0], "speed-up": no[0] / c[0]},
+            {"context": 512, "without cache ms": no[1], "with cache ms": c[1], "speed-up": no[1] / c[1]},
+        ]
 
     holds, why = ji.cache_claim_holds(rows((50, 800), (20, 25)))
     assert holds and "more than 3x faster" in why and "grew more than 3x" in why
@@ -232,8 +235,12 @@ def test_plot_latency(params):
     import matplotlib
 
     matplotlib.use("Agg")
-    fig = ji.plot_latency([{"context": 4, "without cache ms": 2.0, "with cache ms": 1.0},
-                           {"context": 8, "without cache ms": 4.0, "with cache ms": 1.0}])
+    fig = ji.plot_latency(
+        [
+            {"context": 4, "without cache ms": 2.0, "with cache ms": 1.0},
+            {"context": 8, "without cache ms": 4.0, "with cache ms": 1.0},
+        ]
+    )
     assert len(fig.axes[0].lines) == 2
 
 
@@ -249,12 +256,14 @@ def test_nb03_checkers_pass_solutions_and_fail_wrong_answers(capsys):
     assert nb03.check_rmsnorm(sol.my_rmsnorm)
     assert nb03.check_rope(sol.my_apply_rope)
     assert not nb03.check_rmsnorm(lambda x, w, eps: w * x / jnp.sqrt(jnp.mean(x * x, -1, keepdims=True)))  # no eps
-    assert not nb03.check_rmsnorm(lambda x, w, eps: w * (x - x.mean(-1, keepdims=True))
-                                  / jnp.sqrt(x.var(-1, keepdims=True) + eps))  # LayerNorm
+    assert not nb03.check_rmsnorm(
+        lambda x, w, eps: w * (x - x.mean(-1, keepdims=True)) / jnp.sqrt(x.var(-1, keepdims=True) + eps)
+    )  # LayerNorm
     assert not nb03.check_rope(lambda x, c, s: x * c[:, :, None] + x * s[:, :, None])  # no rotate_half
     # interleaved pairs (llama.cpp layout) instead of "rotate half"
-    assert not nb03.check_rope(lambda x, c, s: x * c[:, :, None] + jnp.stack([-x[..., 1::2], x[..., ::2]], -1)
-                               .reshape(x.shape) * s[:, :, None])
+    assert not nb03.check_rope(
+        lambda x, c, s: x * c[:, :, None] + jnp.stack([-x[..., 1::2], x[..., ::2]], -1).reshape(x.shape) * s[:, :, None]
+    )
     assert not nb03.check_rope(_not_implemented)
     out = capsys.readouterr().out
     assert "FAIL: apply_rope: not implemented yet" in out and "PASS: rmsnorm" in out
@@ -264,8 +273,12 @@ def test_nb05_checkers_pass_solutions_and_fail_wrong_answers(capsys):
     sol = load_solution("05_kv_cache")
     assert nb05.check_cache_update(sol.my_cache_update)
     assert nb05.check_kv_cache_bytes(sol.my_kv_cache_bytes)
-    assert not nb05.check_cache_update(lambda c, n, i, a: jax.lax.dynamic_update_slice(c, n, (0, i, 0, 0)))  # axis 1 always
-    assert not nb05.check_cache_update(lambda c, n, i, a: sol.my_cache_update(c, n, i + 1 if i + 1 + n.shape[a] <= c.shape[a] else i - 1, a))
+    assert not nb05.check_cache_update(
+        lambda c, n, i, a: jax.lax.dynamic_update_slice(c, n, (0, i, 0, 0))
+    )  # axis 1 always
+    assert not nb05.check_cache_update(
+        lambda c, n, i, a: sol.my_cache_update(c, n, i + 1 if i + 1 + n.shape[a] <= c.shape[a] else i - 1, a)
+    )
     assert not nb05.check_kv_cache_bytes(lambda cfg, b, s, i: 2 * cfg.n_layers * b * s * cfg.n_heads * cfg.head_dim * i)
     assert not nb05.check_kv_cache_bytes(lambda cfg, b, s, i: cfg.n_layers * b * s * cfg.n_kv_heads * cfg.head_dim * i)
     assert not nb05.check_kv_cache_bytes(_not_implemented)

@@ -32,16 +32,19 @@ def device(platform, cc=None):
 # -- the default dtype per backend ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dev, want", [
-    (device("cpu"), "float32"),
-    (device("tpu"), "bfloat16"),
-    (device("gpu", "7.5"), "float32"),  # T4: no bfloat16 tensor cores
-    (device("gpu", "8.0"), "bfloat16"),  # A100
-    (device("gpu", "9.0"), "bfloat16"),  # H100 / H200
-    (device("cuda", "8.9"), "bfloat16"),  # L4, platform spelled "cuda"
-    (device("gpu"), "float32"),  # no compute capability (ROCm, old jaxlib): the parity path
-    (device("gpu", "unknown"), "float32"),
-])
+@pytest.mark.parametrize(
+    "dev, want",
+    [
+        (device("cpu"), "float32"),
+        (device("tpu"), "bfloat16"),
+        (device("gpu", "7.5"), "float32"),  # T4: no bfloat16 tensor cores
+        (device("gpu", "8.0"), "bfloat16"),  # A100
+        (device("gpu", "9.0"), "bfloat16"),  # H100 / H200
+        (device("cuda", "8.9"), "bfloat16"),  # L4, platform spelled "cuda"
+        (device("gpu"), "float32"),  # no compute capability (ROCm, old jaxlib): the parity path
+        (device("gpu", "unknown"), "float32"),
+    ],
+)
 def test_default_dtype_of_fake_devices(dev, want):
     assert backend_default_dtype(device=dev) == want
     assert backend_numerics(device=dev)["reason"]
@@ -221,8 +224,9 @@ def test_compare_greedy_exact_on_cpu_prefix_on_accelerators(golden):
     early[3] += 1
     assert not compare_greedy(early, want, backend="gpu")[0]
     assert not compare_greedy(early[:6], want, backend="gpu")[0]  # short runs: all of them must agree
-    assert compare_greedy(early[:3], want, backend="gpu") == (True, "on gpu the first 3 must be identical, "
-                                                              "as a bfloat16 near-tie may flip a later one: "
-                                                              "3 leading tokens agree")
+    assert compare_greedy(early[:3], want, backend="gpu") == (
+        True,
+        "on gpu the first 3 must be identical, as a bfloat16 near-tie may flip a later one: 3 leading tokens agree",
+    )
     with pytest.raises(ValueError, match="only 32 golden"):
         compare_greedy(want + [0], want)

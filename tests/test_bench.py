@@ -57,8 +57,10 @@ def test_published_peaks_beside_the_measured_ceilings():
     assert "85.5 % of it" in line and "bfloat16 matmul 90.0 %" in line and "float32 matmul 50.0 %" in line
     assert bench.published_line(None, ceil, "cpu").startswith("none for a CPU")
     # the decode rows get a % of the published bandwidth beside the % of the measured one
-    res = {"prefill": {"flops_model": 1e12, "ours_s": {"median": 0.1}, "peer_s": None},
-           "decode": [{"ours_step_s": {"median": 0.001}, "bytes_per_step": 0.4095e9, "flops_per_step": 1e9}]}
+    res = {
+        "prefill": {"flops_model": 1e12, "ours_s": {"median": 0.1}, "peer_s": None},
+        "decode": [{"ours_step_s": {"median": 0.001}, "bytes_per_step": 0.4095e9, "flops_per_step": 1e9}],
+    }
     bench.add_rooflines(res, dict(ceil, published=pub))
     d = res["decode"][0]
     assert d["bw_roofline_pct"] == pytest.approx(100 * 409.5 / 700) and d["published_bw_pct"] == pytest.approx(50.0)
@@ -94,8 +96,10 @@ def test_model_flops_and_bytes():
 
 def test_evaluate_targets_on_hand_made_numbers():
     metrics = {
-        "quant_b32_best": 1.99, "quant_b32_best_label": "w8a8",
-        "quant_b1_best": 1.3, "quant_b1_best_label": "int8 + int8 KV",
+        "quant_b32_best": 1.99,
+        "quant_b32_best_label": "w8a8",
+        "quant_b1_best": 1.3,
+        "quant_b1_best_label": "int8 + int8 KV",
         "decode_b1_vs_peer": 1.4,  # exactly on the threshold passes
         "decode_b1_bw_pct": 84.9,
         "decode_b32_vs_peer": None,  # not measured
@@ -107,9 +111,16 @@ def test_evaluate_targets_on_hand_made_numbers():
     }
     got = {t["key"]: t["status"] for t in bench.evaluate_targets(metrics)}
     assert got == {
-        "decode_b1_vs_peer": "PASS", "decode_b1_bw_pct": "MISS", "decode_b32_vs_peer": "n/a",
-        "prefill_vs_peer": "PASS", "prefill_matmul_pct": "PASS", "compile_max_s": "MISS", "ttft_warm_s": "PASS",
-        "speculative_copy_speedup": "MISS", "quant_b32_best": "MISS", "quant_b1_best": "PASS",
+        "decode_b1_vs_peer": "PASS",
+        "decode_b1_bw_pct": "MISS",
+        "decode_b32_vs_peer": "n/a",
+        "prefill_vs_peer": "PASS",
+        "prefill_matmul_pct": "PASS",
+        "compile_max_s": "MISS",
+        "ttft_warm_s": "PASS",
+        "speculative_copy_speedup": "MISS",
+        "quant_b32_best": "MISS",
+        "quant_b1_best": "PASS",
     }
     assert all(t["status"] == "n/a" for t in bench.evaluate_targets({}))
     nan = {t["key"]: t["status"] for t in bench.evaluate_targets({"ttft_warm_s": float("nan")})}
@@ -123,8 +134,10 @@ def test_evaluate_targets_on_hand_made_numbers():
 
 
 def test_copy_heavy_speedup_counts_only_identical_tokens():
-    rows = [{"task": "copy-heavy", "method": "ngram", "speed-up": 1.9, "identical": "yes"},
-            {"task": "open-ended", "method": "ngram", "speed-up": 1.0, "identical": "yes"}]
+    rows = [
+        {"task": "copy-heavy", "method": "ngram", "speed-up": 1.9, "identical": "yes"},
+        {"task": "open-ended", "method": "ngram", "speed-up": 1.0, "identical": "yes"},
+    ]
     assert bench._copy_heavy_speedup(rows) == 1.9
     rows[0]["identical"] = "no"
     assert bench._copy_heavy_speedup(rows) == 0.0
@@ -133,24 +146,40 @@ def test_copy_heavy_speedup_counts_only_identical_tokens():
 
 def test_headline_metrics_pick_the_right_numbers():
     res = {
-        "decode": [{"batch": 1, "vs_peer": 2.0, "bw_roofline_pct": 70.0}, {"batch": 32, "vs_peer": 1.1, "bw_roofline_pct": 5.0}],
+        "decode": [
+            {"batch": 1, "vs_peer": 2.0, "bw_roofline_pct": 70.0},
+            {"batch": 32, "vs_peer": 1.1, "bw_roofline_pct": 5.0},
+        ],
         "prefill": {"vs_peer": 0.9, "matmul_ceiling_pct": 40.0},
-        "compile": [{"function": "prefill", "seconds": 2.0, "dtype": "float32"},
-                    {"function": "decode", "seconds": 2.5, "dtype": "float32"},
-                    {"function": "decode", "seconds": 9.0, "dtype": "bfloat16"},  # a stage, not a target
-                    {"function": "on-device loop", "seconds": 8.0, "dtype": "float32"}],
+        "compile": [
+            {"function": "prefill", "seconds": 2.0, "dtype": "float32"},
+            {"function": "decode", "seconds": 2.5, "dtype": "float32"},
+            {"function": "decode", "seconds": 9.0, "dtype": "bfloat16"},  # a stage, not a target
+            {"function": "on-device loop", "seconds": 8.0, "dtype": "float32"},
+        ],
         "ttft": {"warm": {"median": 0.7}},
         "speculative": [{"task": "copy-heavy", "method": "ngram", "speed-up": 1.5, "identical": "yes"}],
     }
     m = bench.headline_metrics(res)
-    assert m == {"decode_b1_vs_peer": 2.0, "decode_b1_bw_pct": 70.0, "decode_b32_vs_peer": 1.1,
-                 "prefill_vs_peer": 0.9, "prefill_matmul_pct": 40.0, "compile_max_s": 2.5, "ttft_warm_s": 0.7,
-                 "speculative_copy_speedup": 1.5, "quant_b32_best": None, "quant_b32_best_label": None,
-                 "quant_b1_best": None, "quant_b1_best_label": None}
+    assert m == {
+        "decode_b1_vs_peer": 2.0,
+        "decode_b1_bw_pct": 70.0,
+        "decode_b32_vs_peer": 1.1,
+        "prefill_vs_peer": 0.9,
+        "prefill_matmul_pct": 40.0,
+        "compile_max_s": 2.5,
+        "ttft_warm_s": 0.7,
+        "speculative_copy_speedup": 1.5,
+        "quant_b32_best": None,
+        "quant_b32_best_label": None,
+        "quant_b1_best": None,
+        "quant_b1_best_label": None,
+    }
     assert bench.headline_metrics({"decode": [], "compile": [], "ttft": None})["ttft_warm_s"] is None
     # a --quant-only run: no float32 rows, quantized rows only
-    m = bench.headline_metrics({"prefill": None, "decode": [], "compile": [], "ttft": None,
-                                "quant": {"rows": QUANT_ROWS}})
+    m = bench.headline_metrics(
+        {"prefill": None, "decode": [], "compile": [], "ttft": None, "quant": {"rows": QUANT_ROWS}}
+    )
     assert (m["quant_b1_best"], m["quant_b1_best_label"]) == (1.8, "int8")
     assert (m["quant_b32_best"], m["quant_b32_best_label"]) == (1.4, "w8a8")
     assert m["decode_b1_vs_peer"] is None and m["prefill_vs_peer"] is None
@@ -162,20 +191,38 @@ def test_headline_metrics_pick_the_right_numbers():
 
 
 def qrow(weights, kv, batch, ratio, ms=10.0):
-    return {"weights": weights, "kv_cache": kv, "label": bench.quant_label(weights, kv), "batch": batch,
-            "vs_float32": ratio, "step_s": bench.summarize([ms / 1e3]), "tokens_per_s": bench.summarize([batch / ms * 1e3]),
-            "bytes_per_step": 1e8, "bw_roofline_pct": 12.5, "compile_s": 1.5}
+    return {
+        "weights": weights,
+        "kv_cache": kv,
+        "label": bench.quant_label(weights, kv),
+        "batch": batch,
+        "vs_float32": ratio,
+        "step_s": bench.summarize([ms / 1e3]),
+        "tokens_per_s": bench.summarize([batch / ms * 1e3]),
+        "bytes_per_step": 1e8,
+        "bw_roofline_pct": 12.5,
+        "compile_s": 1.5,
+    }
 
 
-QUANT_ROWS = [qrow("float32", "float32", 1, 1.0), qrow("int8", "float32", 1, 1.8), qrow("w8a8", "float32", 1, 1.7),
-              qrow("int4", "int8", 1, 0.4),
-              qrow("float32", "float32", 32, 1.0), qrow("int8", "float32", 32, 0.9), qrow("w8a8", "float32", 32, 1.4),
-              qrow("int4", "int8", 32, 0.4)]
+QUANT_ROWS = [
+    qrow("float32", "float32", 1, 1.0),
+    qrow("int8", "float32", 1, 1.8),
+    qrow("w8a8", "float32", 1, 1.7),
+    qrow("int4", "int8", 1, 0.4),
+    qrow("float32", "float32", 32, 1.0),
+    qrow("int8", "float32", 32, 0.9),
+    qrow("w8a8", "float32", 32, 1.4),
+    qrow("int4", "int8", 32, 0.4),
+]
 
 
 def test_crossover_reads_both_directions():
-    assert bench.crossover({1: 1.8, 8: 1.2, 32: 0.9}) == {"pays_at": [1, 8], "from": None,
-                                                         "text": "up to b8 (loses from b32)"}
+    assert bench.crossover({1: 1.8, 8: 1.2, 32: 0.9}) == {
+        "pays_at": [1, 8],
+        "from": None,
+        "text": "up to b8 (loses from b32)",
+    }
     assert bench.crossover({1: 0.8, 8: 1.1, 32: 1.6}) == {"pays_at": [8, 32], "from": 8, "text": "from b8"}
     assert bench.crossover({1: 1.1, 8: 1.2})["text"] == "at every batch measured"
     assert bench.crossover({1: 1.1, 8: 1.2})["from"] == 1
@@ -213,8 +260,16 @@ def quality_rows(**status):
     for w, kv in (("float32", "float32"), ("int8", "float32"), ("w8a8", "float32"), ("int4", "int8")):
         label = bench.quant_label(w, kv)
         st = status.get(label, "PASS")
-        out.append({"label": label, "weights": w, "kv_cache": kv, "ppl_increase_pct": 0.5 if st == "PASS" else 3.0,
-                    "greedy_agreement": 0.95 if st == "PASS" else 0.8, "status": st})
+        out.append(
+            {
+                "label": label,
+                "weights": w,
+                "kv_cache": kv,
+                "ppl_increase_pct": 0.5 if st == "PASS" else 3.0,
+                "greedy_agreement": 0.95 if st == "PASS" else 0.8,
+                "status": st,
+            }
+        )
     return {"rows": out}
 
 
@@ -238,29 +293,67 @@ def test_speed_targets_are_linked_to_quality():
     assert "ppl +3.00 %" in got["quant_b1_best_quality"]["note"]
     assert bench.speed_quality_targets([], None)[0]["note"] == "batch 32 not measured"
     lines = bench.target_lines(bench.speed_quality_targets(QUANT_ROWS, None))
-    assert lines[1] == ("n/a   the format meeting the batch-1 speed target also meets ppl +<= 1 % and greedy agreement "
-                        ">= 90 %: quality not measured in this run (add --quality)")
+    assert lines[1] == (
+        "n/a   the format meeting the batch-1 speed target also meets ppl +<= 1 % and greedy agreement "
+        ">= 90 %: quality not measured in this run (add --quality)"
+    )
 
 
 def test_render_quant_and_quality_tables():
-    q = {"rows": QUANT_ROWS, "crossover": bench.crossover_rows(QUANT_ROWS), "batch_sizes": [1, 32], "steps": 16,
-         "reps": 5, "cache_len": 256, "prompt_len": 128}
+    q = {
+        "rows": QUANT_ROWS,
+        "crossover": bench.crossover_rows(QUANT_ROWS),
+        "batch_sizes": [1, 32],
+        "steps": 16,
+        "reps": 5,
+        "cache_len": 256,
+        "prompt_len": 128,
+    }
     text = bench.render_quant(q)
-    assert "(baseline)" in text and "1.80x" in text and "up to b1 (loses from b32)" in text and "median of 5 reps" in text
+    assert (
+        "(baseline)" in text and "1.80x" in text and "up to b1 (loses from b32)" in text and "median of 5 reps" in text
+    )
     spread = dict(QUANT_ROWS[1], vs_float32_per_rep=bench.summarize([1.7, 1.8, 2.1]))
     assert "1.80x (1.70–2.10)" in bench.render_quant(dict(q, rows=[QUANT_ROWS[0], spread]))
     assert "int4 + int8 KV" in text and "never (<= 1x at every batch)" in text
-    rep = {"model": "m", "sizes": {"windows": 16, "window": 128, "prompts": 32, "new_tokens": 32},
-           "eval_tokens": 2032, "eval_text": "data/eval/stdlib.txt", "kv_cache": {"batch": 32, "length": 256},
-           "targets": {"max_ppl_increase_pct": 1.0, "min_greedy_agreement": 0.9},
-           "notes": ["reference: m as loaded", "int4 (group 32) lands on these weights"],
-           "rows": [{**r, "weight_bytes": 1 << 27, "kv_cache_bytes": 1 << 20, "perplexity": 12.3456, "kl": 0.0094,
-                     "top1_agreement": 0.97, "identical": 30, "prompts": 32} for r in quality_rows(int8="MISS")["rows"]],
-           "layer_errors": [{"format": "int8", "matrix": "wq", "mean": 0.008, "max": 0.009},
-                            {"format": "int8", "matrix": "embed", "mean": 0.0117, "max": 0.0117}]}
+    rep = {
+        "model": "m",
+        "sizes": {"windows": 16, "window": 128, "prompts": 32, "new_tokens": 32},
+        "eval_tokens": 2032,
+        "eval_text": "data/eval/stdlib.txt",
+        "kv_cache": {"batch": 32, "length": 256},
+        "targets": {"max_ppl_increase_pct": 1.0, "min_greedy_agreement": 0.9},
+        "notes": ["reference: m as loaded", "int4 (group 32) lands on these weights"],
+        "rows": [
+            {
+                **r,
+                "weight_bytes": 1 << 27,
+                "kv_cache_bytes": 1 << 20,
+                "perplexity": 12.3456,
+                "kl": 0.0094,
+                "top1_agreement": 0.97,
+                "identical": 30,
+                "prompts": 32,
+            }
+            for r in quality_rows(int8="MISS")["rows"]
+        ],
+        "layer_errors": [
+            {"format": "int8", "matrix": "wq", "mean": 0.008, "max": 0.009},
+            {"format": "int8", "matrix": "embed", "mean": 0.0117, "max": 0.0117},
+        ],
+    }
     text = bench.render_quality(rep)
-    for needle in ("2,032 predicted tokens", "12.346", "+3.00 %", "30/32", "MISS", "note        int4 (group 32) lands",
-                   "8.00e-03", "1.17e-02", "batch 32, 256 slots"):
+    for needle in (
+        "2,032 predicted tokens",
+        "12.346",
+        "+3.00 %",
+        "30/32",
+        "MISS",
+        "note        int4 (group 32) lands",
+        "8.00e-03",
+        "1.17e-02",
+        "batch 32, 256 slots",
+    ):
         assert needle in text, (needle, text)
 
 
@@ -302,14 +395,30 @@ def test_resolve_options_quantization():
     assert o["quant_formats"] == ("int8", "int4", "w8a8") and o["quant_kv"] == ("float32", "int8")
     o = bench.resolve_options(parser.parse_args(["--quick"]))
     assert o["quant_batch_sizes"] == (1, 2) and o["quant_steps"] == 3
-    o = bench.resolve_options(parser.parse_args(["--quant-only", "--quality", "--quant-formats", "w8a8,int8,w8a8",
-                                                 "--quant-kv", "int8", "--model", "some/model"]))
+    o = bench.resolve_options(
+        parser.parse_args(
+            [
+                "--quant-only",
+                "--quality",
+                "--quant-formats",
+                "w8a8,int8,w8a8",
+                "--quant-kv",
+                "int8",
+                "--model",
+                "some/model",
+            ]
+        )
+    )
     assert not (o["float"] or o["peer"] or o["ttft"] or o["stages"] or o["speculative"])
     assert o["quant_formats"] == ("w8a8", "int8") and o["quant_kv"] == ("int8",) and o["model"] == "some/model"
     with pytest.raises(SystemExit):
         parser.parse_args(["--quant-formats", "int3"])
-    for bad in (["--model", "x"], ["--quant-only", "--no-quant"], ["--quant-only", "--plot", "x.png"],
-                ["--quant-steps", "0"]):
+    for bad in (
+        ["--model", "x"],
+        ["--quant-only", "--no-quant"],
+        ["--quant-only", "--plot", "x.png"],
+        ["--quant-steps", "0"],
+    ):
         with pytest.raises(InvalidRequestError):
             bench.resolve_options(parser.parse_args(bad))
 
@@ -331,7 +440,9 @@ def test_bench_quick_end_to_end(tmp_path, capsys, monkeypatch, request, gguf_pat
     monkeypatch.setitem(bench._PEERS, str(Path(gguf_path).resolve()), model)
 
     out_json, out_png = tmp_path / "bench.json", tmp_path / "roofline.png"
-    rc = main(["bench", "--quick", "--no-ttft", "--no-quant", "--targets", "--json", str(out_json), "--plot", str(out_png)])
+    rc = main(
+        ["bench", "--quick", "--no-ttft", "--no-quant", "--targets", "--json", str(out_json), "--plot", str(out_png)]
+    )
     text = capsys.readouterr().out
     assert rc == 0, text
 
@@ -344,7 +455,19 @@ def test_bench_quick_end_to_end(tmp_path, capsys, monkeypatch, request, gguf_pat
 
     # the JSON has the keys
     res = json.loads(out_json.read_text())
-    for key in ("meta", "options", "ceilings", "peer", "prefill", "decode", "stages", "compile", "memory", "metrics", "targets"):
+    for key in (
+        "meta",
+        "options",
+        "ceilings",
+        "peer",
+        "prefill",
+        "decode",
+        "stages",
+        "compile",
+        "memory",
+        "metrics",
+        "targets",
+    ):
         assert key in res
     assert res["ceilings"]["bandwidth_bytes_per_s"] > 0 and res["ceilings"]["matmul_flops_per_s"] > 0
     assert [d["batch"] for d in res["decode"]] == [1, 2]
@@ -379,13 +502,36 @@ def test_bench_quant_and_quality_quick(tmp_path, capsys):
     from jaxlab.cli import main
 
     out_json = tmp_path / "quant.json"
-    rc = main(["bench", "--quant-only", "--quality", "--quick", "--quant-formats", "int8", "--quant-kv", "int8",
-               "--quant-batch-sizes", "1", "--bandwidth-mib", "16", "--matmul-n", "256", "--targets",
-               "--json", str(out_json)])
+    rc = main(
+        [
+            "bench",
+            "--quant-only",
+            "--quality",
+            "--quick",
+            "--quant-formats",
+            "int8",
+            "--quant-kv",
+            "int8",
+            "--quant-batch-sizes",
+            "1",
+            "--bandwidth-mib",
+            "16",
+            "--matmul-n",
+            "256",
+            "--targets",
+            "--json",
+            str(out_json),
+        ]
+    )
     text = capsys.readouterr().out
     assert rc == 0, text
-    for header in ("Quantized decode", "Where each quantized variant pays", "Quality against float32",
-                   "Relative weight error", "Targets"):
+    for header in (
+        "Quantized decode",
+        "Where each quantized variant pays",
+        "Quality against float32",
+        "Relative weight error",
+        "Targets",
+    ):
         assert header in text, f"{header!r} missing from:\n{text}"
     res = json.loads(out_json.read_text())
     assert res["prefill"] is None and res["decode"] == [] and not res["peer"]["enabled"] and res["ttft"] is None
@@ -408,4 +554,6 @@ def test_bench_quant_and_quality_quick(tmp_path, capsys):
     assert any("Q4_1" in n for n in q["notes"])  # the embedded model's baseline is said plainly
     keys = {t["key"]: t for t in res["targets"]}
     assert keys["quant_b1_best"]["measured"] == max(r["vs_float32"] for r in rows[1:])
-    assert keys["quant_b32_best"]["status"] == "n/a" and keys["quant_b32_best_quality"]["note"] == "batch 32 not measured"
+    assert (
+        keys["quant_b32_best"]["status"] == "n/a" and keys["quant_b32_best_quality"]["note"] == "batch 32 not measured"
+    )

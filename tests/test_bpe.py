@@ -8,15 +8,14 @@ PASS on the solutions in notebooks/solutions/02_tokenization.py.
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
+from conftest import load_solution
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jaxlab import bpe
 from jaxlab.exercises import nb02
-from conftest import load_solution
 
 HYPOTHESIS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -143,8 +142,16 @@ def rust(gguf_path):
 
 
 def test_smollm2_merges_give_the_rust_ids(smol, rust):
-    texts = ["Hello world!", "def add(a, b):\n    return a + b", "The year 2024 cost $1,234.56",
-             "café naïve Ångström", "日本語のテキスト", "I love 🦀 and 🎉", "hello  \n\n world", "  42\n\n7 x"]
+    texts = [
+        "Hello world!",
+        "def add(a, b):\n    return a + b",
+        "The year 2024 cost $1,234.56",
+        "café naïve Ångström",
+        "日本語のテキスト",
+        "I love 🦀 and 🎉",
+        "hello  \n\n world",
+        "  42\n\n7 x",
+    ]
     for t in texts:
         assert smol.encode(t) == rust.encode(t), t
         assert smol.decode(smol.encode(t)) == t
@@ -216,7 +223,7 @@ def test_merge_checker_fails_wrong_answers(solutions, capsys):
     def first_only(ids, pair, new_id):
         for i in range(len(ids) - 1):
             if (ids[i], ids[i + 1]) == tuple(pair):
-                return ids[:i] + [new_id] + ids[i + 2:]
+                return ids[:i] + [new_id] + ids[i + 2 :]
         return ids
 
     for wrong in (right_to_left, first_only):
@@ -241,9 +248,14 @@ def test_left_pad_checker_fails_wrong_answers(solutions, capsys):
 
 
 def test_compare_speed_rows(trained):
-    rows = bpe.compare_speed({"a": trained.encode_batch, "b": lambda ts: [trained.encode(t) for t in ts]},
-                             {"two texts": ["the fox", "the dog"]}, repeats=2)
+    rows = bpe.compare_speed(
+        {"a": trained.encode_batch, "b": lambda ts: [trained.encode(t) for t in ts]},
+        {"two texts": ["the fox", "the dog"]},
+        repeats=2,
+    )
     (row,) = rows
-    assert row["workload"] == "two texts" and row["tokens"] == sum(len(trained.encode(t)) for t in ("the fox", "the dog"))
+    assert row["workload"] == "two texts" and row["tokens"] == sum(
+        len(trained.encode(t)) for t in ("the fox", "the dog")
+    )
     assert set(row) == {"workload", "tokens", "a ms", "b ms", "b speed-up", "same ids"}
     assert row["same ids"] == "yes" and row["a ms"] > 0

@@ -42,7 +42,8 @@ def test_generate_json_batch(gguf_path, smollm, capsys):
         assert len(r["generated_ids"]) == 6
         assert r["text"] == smollm.tokenizer.decode(r["generated_ids"])
         assert r["prompt_ids"] == smollm.tokenizer.apply_chat_template(
-            [{"role": "user", "content": r["prompt"]}], add_generation_prompt=True, tokenize=True)
+            [{"role": "user", "content": r["prompt"]}], add_generation_prompt=True, tokenize=True
+        )
 
 
 def test_generate_raw_and_stop(gguf_path, capsys):
@@ -61,28 +62,34 @@ def test_sampling_seeded(gguf_path, capsys):
     assert texts[0] == texts[1] != texts[2]
 
 
-@pytest.mark.parametrize("args, match", [
-    (["generate", "--max-new-tokens", "-5", "hi"], "max-new-tokens"),
-    (["generate", "--temperature", "-1", "hi"], "temperature"),
-    (["generate", "--top-p", "1.5", "hi"], "top_p"),
-    (["generate", "--top-p", "0", "hi"], "top_p"),
-    (["generate", "--dtype", "float8", "hi"], "dtype"),
-    (["generate", "--max-new-tokens", "ten", "hi"], "invalid int"),
-    (["generate", "--model", "/nonexistent/model.gguf", "hi"], "not found"),
-    (["generate"], "required"),
-    (["frobnicate"], "invalid choice"),
-])
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (["generate", "--max-new-tokens", "-5", "hi"], "max-new-tokens"),
+        (["generate", "--temperature", "-1", "hi"], "temperature"),
+        (["generate", "--top-p", "1.5", "hi"], "top_p"),
+        (["generate", "--top-p", "0", "hi"], "top_p"),
+        (["generate", "--dtype", "float8", "hi"], "dtype"),
+        (["generate", "--max-new-tokens", "ten", "hi"], "invalid int"),
+        (["generate", "--model", "/nonexistent/model.gguf", "hi"], "not found"),
+        (["generate"], "required"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
 def test_bad_input_one_line(args, match):
     code, out, err = run_cli(*args)
     assert code != 0
     assert match in one_clean_line(err)
 
 
-@pytest.mark.parametrize("content, match", [
-    (b"", "empty"),
-    (b"hello, I am a text file\n" * 10, "not a GGUF"),
-    (b"GGUF" + os.urandom(64), "corrupt"),
-])
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        (b"", "empty"),
+        (b"hello, I am a text file\n" * 10, "not a GGUF"),
+        (b"GGUF" + os.urandom(64), "corrupt"),
+    ],
+)
 def test_bad_model_files(tmp_path, content, match):
     f = tmp_path / "model.gguf"
     f.write_bytes(content)
@@ -94,7 +101,7 @@ def test_bad_model_files(tmp_path, content, match):
 
 def test_truncated_model_file(tmp_path, gguf_path):
     f = tmp_path / "cut.gguf"
-    f.write_bytes(gguf_path.read_bytes()[: 40_000_000])
+    f.write_bytes(gguf_path.read_bytes()[:40_000_000])
     code, _, err = run_cli("generate", "--model", str(f), "hi")
     assert code == 1
     assert "truncated" in one_clean_line(err)
@@ -120,17 +127,33 @@ def test_empty_raw_prompt_starts_from_bos(gguf_path, capsys):
 
 
 def test_invalid_utf8_from_the_shell(gguf_path):
-    p = subprocess.run([sys.executable, "-m", "jaxlab.cli", "generate", "--json", "--max-new-tokens", "3",
-                        "--ignore-eos", b"caf\xe9 \xff".decode("utf-8", "surrogateescape")],
-                       capture_output=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jaxlab.cli",
+            "generate",
+            "--json",
+            "--max-new-tokens",
+            "3",
+            "--ignore-eos",
+            b"caf\xe9 \xff".decode("utf-8", "surrogateescape"),
+        ],
+        capture_output=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr.decode()
     row = json.loads(p.stdout)
     assert "\ufffd" in row["prompt"]
 
 
 def test_chat_streams_and_keeps_history(gguf_path):
-    p = subprocess.run([sys.executable, "-m", "jaxlab.cli", "chat", "--max-new-tokens", "24"],
-                       input=b"What is the capital of France?\nAnd of Italy?\n/exit\n", capture_output=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "jaxlab.cli", "chat", "--max-new-tokens", "24"],
+        input=b"What is the capital of France?\nAnd of Italy?\n/exit\n",
+        capture_output=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr.decode()
     out = p.stdout.decode()
     assert "Paris" in out and "Rome" in out
@@ -154,8 +177,12 @@ def test_info_prints_the_chip_and_its_peaks(capsys, monkeypatch):
     # on an accelerator: the chip's published peaks (faked device kind), in --json and in the text
     d = cli.info()
     chip = hardware.CHIPS["TPU v5e"]
-    d.update(device_kind="TPU v5 lite", chip={"name": chip.name}, peaks=hardware.describe_peaks(chip),
-             fallback=hardware.fallback_note("cpu", "tpu", {}))
+    d.update(
+        device_kind="TPU v5 lite",
+        chip={"name": chip.name},
+        peaks=hardware.describe_peaks(chip),
+        fallback=hardware.fallback_note("cpu", "tpu", {}),
+    )
     text = cli.format_info(d)
     assert "chip          TPU v5 lite" in text and "197 TFLOP/s bfloat16" in text
     assert "NOTE" in text and "CPU figures" in text
@@ -167,8 +194,9 @@ def test_mesh_matches_single_device(gguf_path):
     code, out, err = run_cli(*args)
     assert code == 0, err
     single = json.loads(out)["generated_ids"]
-    code, out, err = run_cli(*args, "--mesh", "data=2,model=4",
-                             env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+    code, out, err = run_cli(
+        *args, "--mesh", "data=2,model=4", env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    )
     assert code == 0, err
     assert json.loads(out)["generated_ids"] == single
 
@@ -230,8 +258,10 @@ def quant_env(quant_cache_dir, monkeypatch):
     """The environment of a quantized run, set for this process too (for `main`)."""
     from jaxlab import compile_cache
 
-    env = {"JAXLAB_CACHE": str(quant_cache_dir),
-           "JAXLAB_COMPILE_CACHE": str(compile_cache.default_dir())}  # compiled programs: the usual folder
+    env = {
+        "JAXLAB_CACHE": str(quant_cache_dir),
+        "JAXLAB_COMPILE_CACHE": str(compile_cache.default_dir()),
+    }  # compiled programs: the usual folder
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     return env
@@ -287,20 +317,51 @@ def run_main(capsys, args):
     return code, capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args, code, match", [
-    (["generate", "--quant", "int8", "--dtype", "bfloat16", "hi"], 1, "--quant int8 computes in float32; drop --dtype bfloat16"),
-    (["chat", "--quant", "int4", "--dtype", "bfloat16"], 1, "drop --dtype bfloat16"),
-    (["generate", "--quant", "int8", "--mesh", "data=1,model=1", "hi"], 1, "--mesh shards float parameters with a KV cache of their dtype; drop --quant"),
-    (["generate", "--kv-cache", "int8", "--mesh", "data=1,model=1", "hi"], 1, "drop --kv-cache int8"),
-    (["generate", "--quant", "w8a8", "--kv-cache", "int8", "--mesh", "data=1,model=1", "hi"], 1, "drop --quant and --kv-cache int8"),
-    (["generate", "--kv-cache", "int8", "--speculative", "ngram", "hi"], 1, "only with a float KV cache; drop --kv-cache int8"),
-    (["generate", "--dtype", "bfloat16", "--kv-cache", "float32", "--speculative", "ngram", "hi"], 1, "drop --kv-cache float32"),
-    (["generate", "--quant", "int8", "--group-size", "64", "hi"], 1, "--group-size applies to --quant int4 only; drop --group-size"),
-    (["chat", "--group-size", "64"], 1, "drop --group-size"),
-    (["generate", "--quant", "int4", "--group-size", "7", "hi"], 1, "int4 group size must be an even integer >= 2, got 7"),
-    (["generate", "--quant", "int3", "hi"], 2, "argument --quant: invalid choice: 'int3'"),
-    (["generate", "--kv-cache", "int4", "hi"], 2, "argument --kv-cache: invalid choice: 'int4'"),
-])
+@pytest.mark.parametrize(
+    "args, code, match",
+    [
+        (
+            ["generate", "--quant", "int8", "--dtype", "bfloat16", "hi"],
+            1,
+            "--quant int8 computes in float32; drop --dtype bfloat16",
+        ),
+        (["chat", "--quant", "int4", "--dtype", "bfloat16"], 1, "drop --dtype bfloat16"),
+        (
+            ["generate", "--quant", "int8", "--mesh", "data=1,model=1", "hi"],
+            1,
+            "--mesh shards float parameters with a KV cache of their dtype; drop --quant",
+        ),
+        (["generate", "--kv-cache", "int8", "--mesh", "data=1,model=1", "hi"], 1, "drop --kv-cache int8"),
+        (
+            ["generate", "--quant", "w8a8", "--kv-cache", "int8", "--mesh", "data=1,model=1", "hi"],
+            1,
+            "drop --quant and --kv-cache int8",
+        ),
+        (
+            ["generate", "--kv-cache", "int8", "--speculative", "ngram", "hi"],
+            1,
+            "only with a float KV cache; drop --kv-cache int8",
+        ),
+        (
+            ["generate", "--dtype", "bfloat16", "--kv-cache", "float32", "--speculative", "ngram", "hi"],
+            1,
+            "drop --kv-cache float32",
+        ),
+        (
+            ["generate", "--quant", "int8", "--group-size", "64", "hi"],
+            1,
+            "--group-size applies to --quant int4 only; drop --group-size",
+        ),
+        (["chat", "--group-size", "64"], 1, "drop --group-size"),
+        (
+            ["generate", "--quant", "int4", "--group-size", "7", "hi"],
+            1,
+            "int4 group size must be an even integer >= 2, got 7",
+        ),
+        (["generate", "--quant", "int3", "hi"], 2, "argument --quant: invalid choice: 'int3'"),
+        (["generate", "--kv-cache", "int4", "hi"], 2, "argument --kv-cache: invalid choice: 'int4'"),
+    ],
+)
 def test_quant_flags_that_cannot_work(quant_env, capsys, args, code, match):
     got, err = run_main(capsys, args)
     assert got == code

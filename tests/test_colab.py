@@ -60,7 +60,9 @@ def test_constraints_pin_jax_flax_exactly_and_keep_colabs_versions():
     assert needed == set(cons), f"constraints-colab.txt must name exactly what the cell installs: {needed ^ set(cons)}"
     for name in colab.PINNED:
         assert str(cons[name]) == f"=={ours[name]}", f"{name} must be pinned to pyproject's {ours[name]} on Colab"
-        assert theirs[name] not in cons[name], f"Colab's {name} {theirs[name]} is older than ours: the cell must upgrade it"
+        assert theirs[name] not in cons[name], (
+            f"Colab's {name} {theirs[name]} is older than ours: the cell must upgrade it"
+        )
     for name, spec in cons.items():
         assert ours[name] in spec, f"{name}: the range {spec} excludes jaxlab's tested pin {ours[name]}"
         if name in theirs and name not in colab.PINNED:
@@ -86,7 +88,9 @@ def test_every_notebook_header_is_made_from_the_publishing_setting(tmp_path):
     for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         copy = tmp_path / path.name
         shutil.copy(path, copy)
-        assert not nbbuild.refresh_header(copy), f"{path.name}: header is stale; run python scripts/nbbuild.py --headers"
+        assert not nbbuild.refresh_header(copy), (
+            f"{path.name}: header is stale; run python scripts/nbbuild.py --headers"
+        )
         cell = nbformat.read(path, as_version=4).cells[1]
         assert f'"{SETTINGS["repository"]}", "v{SETTINGS["version"]}"' in cell.source
 
@@ -98,15 +102,21 @@ def test_publishing_setting_is_one_line(tmp_path):
     shutil.copy(ROOT / "notebooks" / "00_setup.ipynb", nb)
     assert nbbuild.refresh_header(nb, settings)
     cells = nbformat.read(nb, as_version=4).cells
-    assert "colab.research.google.com/github/a-workshop/jaxlab-fork/blob/main/notebooks/00_setup.ipynb" in cells[0].source
+    assert (
+        "colab.research.google.com/github/a-workshop/jaxlab-fork/blob/main/notebooks/00_setup.ipynb" in cells[0].source
+    )
     assert "https://github.com/a-workshop/jaxlab-fork" in cells[1].source and "jaxlab/jaxlab" not in cells[1].source
     with pytest.raises(ValueError, match="OWNER/NAME"):
         colab.badge("git@github.com:a/b.git", "x.ipynb")
 
 
 def _setup_script(src: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "jaxlab" / "colab.py"), "install", str(src)], capture_output=True,
-                          text=True, env=dict(os.environ, JAXLAB_ACCELERATOR="cpu"))
+    return subprocess.run(
+        [sys.executable, str(ROOT / "jaxlab" / "colab.py"), "install", str(src)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, JAXLAB_ACCELERATOR="cpu"),
+    )
 
 
 def test_setup_script_fails_with_one_sentence(tmp_path):
@@ -114,18 +124,36 @@ def test_setup_script_fails_with_one_sentence(tmp_path):
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\nversion = "1"\ndependencies = []\n')
     proc = _setup_script(tmp_path)
     assert proc.returncode == 1 and not proc.stderr
-    assert proc.stdout.strip().splitlines()[-1] == (f"Colab set-up failed: {tmp_path} is not a jaxlab source tree "
-                                                    "(pyproject.toml has no 'tool'): delete it and run the cell again")
+    assert proc.stdout.strip().splitlines()[-1] == (
+        f"Colab set-up failed: {tmp_path} is not a jaxlab source tree "
+        "(pyproject.toml has no 'tool'): delete it and run the cell again"
+    )
     shutil.copy(ROOT / "pyproject.toml", tmp_path)  # a jaxlab tree without its Colab constraints: pip refuses
     proc = _setup_script(tmp_path)
     last = proc.stdout.strip().splitlines()[-1]
-    assert proc.returncode == 1 and last.startswith("Colab set-up failed: installing jax/flax and jaxlab's dependencies failed (")
+    assert proc.returncode == 1 and last.startswith(
+        "Colab set-up failed: installing jax/flax and jaxlab's dependencies failed ("
+    )
     assert colab.CONSTRAINTS in last and last.endswith("installs the CPU build")
 
 
 def test_wheel_carries_every_module_and_every_data_file(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path),
-                    str(ROOT)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+    )
     (wheel,) = tmp_path.glob("jaxlab-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for f in (ROOT / "data").rglob("*"):
@@ -164,7 +192,8 @@ def _fake_colab(sim: Path) -> Path:
     (pkg / "__init__.py").write_text('"""A stand-in for Colab\'s google.colab (the Colab simulation only)."""\n')
     (pkg / "output.py").write_text(
         "import os\n\n\ndef enable_custom_widget_manager():\n"
-        "    open(os.environ['COLAB_SIM_MARKS'], 'a').write('enable_custom_widget_manager\\n')\n")
+        "    open(os.environ['COLAB_SIM_MARKS'], 'a').write('enable_custom_widget_manager\\n')\n"
+    )
     return sim / "fake"
 
 
@@ -182,29 +211,81 @@ def test_colab_simulation(tmp_path):
     shutil.copy(ROOT / "notebooks" / "00_setup.ipynb", content)
     marks = sim / "marks.txt"
     env = {k: v for k, v in os.environ.items() if k not in ("JAXLAB_DATA", "VIRTUAL_ENV", "PYTHONPATH")}
-    env.update(PATH=f"{venv / 'bin'}:{env['PATH']}", PYTHONPATH=str(_fake_colab(sim)), GIT_CONFIG_GLOBAL=str(sim / "gitconfig"),
-               JAXLAB_CACHE=str(sim / "cache"), COLAB_SIM_MARKS=str(marks))
+    env.update(
+        PATH=f"{venv / 'bin'}:{env['PATH']}",
+        PYTHONPATH=str(_fake_colab(sim)),
+        GIT_CONFIG_GLOBAL=str(sim / "gitconfig"),
+        JAXLAB_CACHE=str(sim / "cache"),
+        COLAB_SIM_MARKS=str(marks),
+    )
     kernels = sim / "jupyter" / "kernels" / "colab-sim"
     kernels.mkdir(parents=True)
-    (kernels / "kernel.json").write_text(json.dumps({
-        "argv": [py, "-m", "ipykernel_launcher", "-f", "{connection_file}", "--IPKernelApp.exec_lines=['import google.colab']"],
-        "display_name": "Colab (simulated)", "language": "python", "env": env}))
+    (kernels / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [
+                    py,
+                    "-m",
+                    "ipykernel_launcher",
+                    "-f",
+                    "{connection_file}",
+                    "--IPKernelApp.exec_lines=['import google.colab']",
+                ],
+                "display_name": "Colab (simulated)",
+                "language": "python",
+                "env": env,
+            }
+        )
+    )
     test_env = dict(os.environ, JUPYTER_PATH=str(sim / "jupyter"))
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--nbval", "--nbval-kernel-name", "colab-sim",
-         "--nbval-sanitize-with", str(ROOT / "notebooks" / "nbval_sanitize.cfg"), "--nbval-cell-timeout", "600",
-         "-o", "addopts=", str(content / "00_setup.ipynb")],
-        cwd=content, env=test_env, capture_output=True, text=True)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-x",
+            "-p",
+            "no:cacheprovider",
+            "--nbval",
+            "--nbval-kernel-name",
+            "colab-sim",
+            "--nbval-sanitize-with",
+            str(ROOT / "notebooks" / "nbval_sanitize.cfg"),
+            "--nbval-cell-timeout",
+            "600",
+            "-o",
+            "addopts=",
+            str(content / "00_setup.ipynb"),
+        ],
+        cwd=content,
+        env=test_env,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, f"notebook 00 on simulated Colab:\n{proc.stdout[-6000:]}\n{proc.stderr[-2000:]}"
     assert re.search(r"\d+ passed", proc.stdout)
     print(proc.stdout.strip().splitlines()[-1])
-    got = json.loads(_run([py, "-c", "import json; from importlib import metadata as m; print(json.dumps({p: m.version(p) "
-                                     "for p in ('jax', 'jaxlib', 'flax', 'numpy', 'matplotlib', 'ipywidgets', 'jaxlab')}))"], cwd=content))
+    got = json.loads(
+        _run(
+            [
+                py,
+                "-c",
+                "import json; from importlib import metadata as m; print(json.dumps({p: m.version(p) "
+                "for p in ('jax', 'jaxlib', 'flax', 'numpy', 'matplotlib', 'ipywidgets', 'jaxlab')}))",
+            ],
+            cwd=content,
+        )
+    )
     want = colab.pins(SETTINGS["dependencies"])
     theirs = colab_versions()
     assert {k: got[k] for k in ("jax", "jaxlib", "flax")} == {k: want[k] for k in ("jax", "jaxlib", "flax")}
-    assert {k: got[k] for k in ("numpy", "matplotlib", "ipywidgets")} == {k: theirs[k] for k in ("numpy", "matplotlib", "ipywidgets")}
+    assert {k: got[k] for k in ("numpy", "matplotlib", "ipywidgets")} == {
+        k: theirs[k] for k in ("numpy", "matplotlib", "ipywidgets")
+    }
     assert got["jaxlab"] == SETTINGS["version"]
     site = Path(_run([py, "-c", "import jaxlab, os; print(os.path.dirname(jaxlab.__file__))"], cwd=content).strip())
-    assert site.is_relative_to(venv) and (site / "data" / "reference").is_dir(), "jaxlab must come from the wheel, data included"
+    assert site.is_relative_to(venv) and (site / "data" / "reference").is_dir(), (
+        "jaxlab must come from the wheel, data included"
+    )
     assert marks.read_text().splitlines() == ["enable_custom_widget_manager"]

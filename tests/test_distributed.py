@@ -23,8 +23,15 @@ def single_process_tokens():
 
 
 def test_two_processes_generate_what_one_process_does(single_process_tokens):
-    reports = distributed.run(num_processes=2, local_devices=2, mesh="data=2,model=2", strategy="auto",
-                              model="tiny", max_new_tokens=6, timeout=240)
+    reports = distributed.run(
+        num_processes=2,
+        local_devices=2,
+        mesh="data=2,model=2",
+        strategy="auto",
+        model="tiny",
+        max_new_tokens=6,
+        timeout=240,
+    )
     assert [r["process_id"] for r in reports] == [0, 1]
     for r in reports:
         assert (r["process_count"], r["device_count"], r["local_device_count"]) == (2, 4, 2)
@@ -33,8 +40,9 @@ def test_two_processes_generate_what_one_process_does(single_process_tokens):
 
 def test_a_failing_worker_is_reported_with_its_message():
     with pytest.raises(distributed.DistributedError, match="needs 16 devices"):
-        distributed.run(num_processes=2, local_devices=2, mesh="data=4,model=4", model="tiny", max_new_tokens=2,
-                        timeout=120)
+        distributed.run(
+            num_processes=2, local_devices=2, mesh="data=4,model=4", model="tiny", max_new_tokens=2, timeout=120
+        )
 
 
 def test_worker_env_sets_the_device_count_and_keeps_other_flags():
@@ -62,7 +70,8 @@ def test_pod_mode_with_a_cpu_only_jax_ends_with_that_sentence():
     import sys
 
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    p = subprocess.run([sys.executable, "-m", "jaxlab.distributed", "--pod"], capture_output=True, text=True, env=env,
-                       timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "jaxlab.distributed", "--pod"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert p.returncode == 1
     assert p.stderr.strip().splitlines()[-1].startswith("error: jax found no TPU on this worker"), p.stderr

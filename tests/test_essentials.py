@@ -10,13 +10,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import load_solution
 
 from jaxlab import essentials, forward, init_params, tiny
 from jaxlab.exercises import nb00, nb01
-from conftest import load_solution
-
-
-
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +90,9 @@ def test_eager_vs_jit_detects_a_difference():
 
 
 def test_break_even():
-    r = essentials.EagerVsJit(eager_first_s=1.0, eager_s=0.010, jit_compile_s=1.0, jit_s=0.005, max_abs_diff=0.0,
-                              same=True)
+    r = essentials.EagerVsJit(
+        eager_first_s=1.0, eager_s=0.010, jit_compile_s=1.0, jit_s=0.005, max_abs_diff=0.0, same=True
+    )
     assert r.calls_to_break_even == pytest.approx(200.0)
     slower = essentials.EagerVsJit(1.0, 0.001, 1.0, 0.002, 0.0, True)
     assert slower.calls_to_break_even == float("inf")
@@ -102,19 +100,22 @@ def test_break_even():
 
 def test_compile_log_counts_only_the_function():
     def scale(x, *, power=2):
-        return x ** power
+        return x**power
 
     f = jax.jit(scale, static_argnames="power")
     a, b = jnp.ones(3), jnp.arange(3.0)
-    rows = essentials.compile_log(f, [
-        ("a", (a,), {}),
-        ("b", (b,), {}),
-        ("shape", (jnp.ones(5),), {}),
-        ("int", (jnp.ones(3, jnp.int32),), {}),
-        ("py", (2.0,), {}),
-        ("static", (a,), {"power": 3}),
-        ("static again", (a,), {"power": 3}),
-    ])
+    rows = essentials.compile_log(
+        f,
+        [
+            ("a", (a,), {}),
+            ("b", (b,), {}),
+            ("shape", (jnp.ones(5),), {}),
+            ("int", (jnp.ones(3, jnp.int32),), {}),
+            ("py", (2.0,), {}),
+            ("static", (a,), {"power": 3}),
+            ("static again", (a,), {"power": 3}),
+        ],
+    )
     assert [r["compiled"].split()[0] for r in rows] == ["yes", "no", "yes", "yes", "yes", "yes", "no"]
     assert rows[0]["input"] == "float32[3]"
     assert rows[3]["input"] == "int32[3]"
@@ -210,15 +211,25 @@ def test_check_device_env_flags(sol00, capsys):
     assert "not implemented yet" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("wrong, why", [
-    (lambda n, base: base.update(XLA_FLAGS=f"{nb00.DEVICE_FLAG}={n}", JAX_PLATFORMS="cpu") or base, "changed the environment"),
-    (lambda n, base: dict(base, XLA_FLAGS=f"{nb00.DEVICE_FLAG}={n}", JAX_PLATFORMS="cpu"), "lost the flags"),
-    (lambda n, base: dict(base, XLA_FLAGS=(base.get("XLA_FLAGS", "") + f" {nb00.DEVICE_FLAG}={n}").strip(),
-                          JAX_PLATFORMS="cpu"), "device-count flags"),
-    (lambda n, base: dict(base, XLA_FLAGS=f"{nb00.DEVICE_FLAG}={n}"), "JAX_PLATFORMS"),
-    (lambda n, base: {"XLA_FLAGS": f"{nb00.DEVICE_FLAG}={n}", "JAX_PLATFORMS": "cpu"}, "PATH"),
-    (lambda n, base: f"{nb00.DEVICE_FLAG}={n}", "expected a dict"),
-])
+@pytest.mark.parametrize(
+    "wrong, why",
+    [
+        (
+            lambda n, base: base.update(XLA_FLAGS=f"{nb00.DEVICE_FLAG}={n}", JAX_PLATFORMS="cpu") or base,
+            "changed the environment",
+        ),
+        (lambda n, base: dict(base, XLA_FLAGS=f"{nb00.DEVICE_FLAG}={n}", JAX_PLATFORMS="cpu"), "lost the flags"),
+        (
+            lambda n, base: dict(
+                base, XLA_FLAGS=(base.get("XLA_FLAGS", "") + f" {nb00.DEVICE_FLAG}={n}").strip(), JAX_PLATFORMS="cpu"
+            ),
+            "device-count flags",
+        ),
+        (lambda n, base: dict(base, XLA_FLAGS=f"{nb00.DEVICE_FLAG}={n}"), "JAX_PLATFORMS"),
+        (lambda n, base: {"XLA_FLAGS": f"{nb00.DEVICE_FLAG}={n}", "JAX_PLATFORMS": "cpu"}, "PATH"),
+        (lambda n, base: f"{nb00.DEVICE_FLAG}={n}", "expected a dict"),
+    ],
+)
 def test_check_device_env_rejects(wrong, why, capsys):
     assert not nb00.check_device_env(wrong, run_subprocess=False)
     out = capsys.readouterr().out
@@ -240,8 +251,11 @@ def test_check_chat_ids(sol00, gguf_path, capsys):
     assert "PASS: chat_ids: 6 prompts" in capsys.readouterr().out
     assert not nb00.check_chat_ids(_not_implemented, tok)
     assert not nb00.check_chat_ids(lambda t, q: t.encode(q), tok)  # no template
-    no_prompt = lambda t, q: t.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=False,  # noqa: E731
-                                                   tokenize=True)
+    no_prompt = lambda t, q: t.apply_chat_template(
+        [{"role": "user", "content": q}],
+        add_generation_prompt=False,  # noqa: E731
+        tokenize=True,
+    )
     assert not nb00.check_chat_ids(no_prompt, tok)
     out = capsys.readouterr().out
     assert "not implemented yet" in out and out.count("FAIL") == 3

@@ -116,7 +116,7 @@ def test_round_trip_through_a_file_in_a_fresh_process(exported_file, native):
 
 def test_load_accepts_a_bare_serialized_payload(exported_file, tmp_path, tiny, native):
     bare = tmp_path / "bare.bin"
-    bare.write_bytes(exported_file.read_bytes()[len(export.MAGIC) + 32:])
+    bare.write_bytes(exported_file.read_bytes()[len(export.MAGIC) + 32 :])
     loaded = export.load(bare)
     tokens, _ = export.greedy_decode(lambda *a: export.run_exported(loaded, *a), tiny, PROMPTS, NEW, CACHE)
     np.testing.assert_array_equal(tokens, native[0])
@@ -181,8 +181,9 @@ def test_persistent_cache_is_shared_across_processes(tmp_path):
 
 def test_child_on_a_platform_the_file_was_not_lowered_for_says_so(tiny, tmp_path):
     """A TPU kernel's child runs on the CPU (the TPU belongs to the kernel): a TPU-only file must say so."""
-    tpu_only = export.save(export.export_decode_step(tiny, batch=1, cache_len=CACHE, platforms=("tpu",)),
-                           tmp_path / "tpu.jaxexport")
+    tpu_only = export.save(
+        export.export_decode_step(tiny, batch=1, cache_len=CACHE, platforms=("tpu",)), tmp_path / "tpu.jaxexport"
+    )
     with pytest.raises(RuntimeError, match=r"lowered for tpu, and this process runs on cpu: export it with platforms"):
         export.exported_in_fresh_process(tpu_only, PROMPTS[:1], 2, CACHE, model="tiny")
 
@@ -222,9 +223,11 @@ def test_top_ops_reads_a_trace(tiny, tmp_path):
 
 
 def test_weight_names_from_hlo_parameter_names():
-    hlo = ("  %dot.7 = f32[1,84]{1,0} dot(%x, %params_0___layers___3___mlp____w_up___value), lhs_contracting_dims={1}\n"
-           "  ROOT %fusion.2 = f32[1,1,40]{2,1,0} fusion(%params_0___embed___value, %tok), kind=kLoop\n"
-           "  %add.1 = f32[4]{0} add(%a, %b)\n")
+    hlo = (
+        "  %dot.7 = f32[1,84]{1,0} dot(%x, %params_0___layers___3___mlp____w_up___value), lhs_contracting_dims={1}\n"
+        "  ROOT %fusion.2 = f32[1,1,40]{2,1,0} fusion(%params_0___embed___value, %tok), kind=kLoop\n"
+        "  %add.1 = f32[4]{0} add(%a, %b)\n"
+    )
     assert export._weights_read(hlo) == {"dot.7": ["layers.3.mlp.w_up"], "fusion.2": ["embed"]}
 
 

@@ -142,19 +142,24 @@ def test_sampling_frequencies_follow_filtered_distribution():
     from jaxlab.sampling import sample
 
     logits = jnp.log(jnp.asarray([0.5, 0.2, 0.15, 0.1, 0.05]))[None].repeat(20000, axis=0)
-    toks = sample(logits, jax.random.key(0), jnp.float32(1.0), jnp.int32(3), jnp.float32(1.0), jnp.float32(0.0), greedy=False)
+    toks = sample(
+        logits, jax.random.key(0), jnp.float32(1.0), jnp.int32(3), jnp.float32(1.0), jnp.float32(0.0), greedy=False
+    )
     freq = np.bincount(np.asarray(toks), minlength=5) / 20000
     np.testing.assert_allclose(freq, [0.5 / 0.85, 0.2 / 0.85, 0.15 / 0.85, 0, 0], atol=0.015)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(max_new_tokens=0), "max_new_tokens"),
-    (dict(max_new_tokens=-3), "max_new_tokens"),
-    (dict(prompts=[[]]), "empty"),
-    (dict(prompts=[[5, 100000]]), "vocabulary"),
-    (dict(prompts=[]), "no prompts"),
-    (dict(stop=["x"]), "tokenizer"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(max_new_tokens=-3), "max_new_tokens"),
+        (dict(prompts=[[]]), "empty"),
+        (dict(prompts=[[5, 100000]]), "vocabulary"),
+        (dict(prompts=[]), "no prompts"),
+        (dict(stop=["x"]), "tokenizer"),
+    ],
+)
 def test_invalid_requests(tiny_params, kwargs, match):
     gen = Generator(tiny_params)
     args = dict(prompts=[[5, 6]], max_new_tokens=4) | kwargs
@@ -162,10 +167,17 @@ def test_invalid_requests(tiny_params, kwargs, match):
         gen.generate(args.pop("prompts"), **args)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(temperature=-0.5), "temperature"), (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"),
-    (dict(top_k=-1), "top_k"), (dict(min_p=1.0), "min_p"), (dict(temperature=float("nan")), "temperature"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(temperature=-0.5), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(top_k=-1), "top_k"),
+        (dict(min_p=1.0), "min_p"),
+        (dict(temperature=float("nan")), "temperature"),
+    ],
+)
 def test_invalid_sampling(kwargs, match):
     with pytest.raises(InvalidRequestError, match=match):
         SamplingParams(**kwargs)
@@ -179,9 +191,11 @@ def test_prompt_too_long(tiny_params):
 
 # ---------------------------------------------------------------- real model (tokenizer-level behaviour)
 
+
 def test_capital_of_france(smollm, generator):
-    ids = smollm.tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                               add_generation_prompt=True, tokenize=True)
+    ids = smollm.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, tokenize=True
+    )
     r = generator.generate([ids], 32)[0]
     assert "Paris" in r.text
     assert r.finish_reason == "eos"
@@ -190,7 +204,10 @@ def test_capital_of_france(smollm, generator):
 def test_streaming_concatenates_to_text(smollm, generator):
     tok = smollm.tokenizer
     prompts = ["Write three words in Japanese with emoji.", "Say hello in French."]
-    ids = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True) for p in prompts]
+    ids = [
+        tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True)
+        for p in prompts
+    ]
     pieces = {0: [], 1: []}
     results = generator.generate(ids, 40, on_text=lambda i, s: pieces[i].append(s))
     for i, r in enumerate(results):
@@ -200,8 +217,11 @@ def test_streaming_concatenates_to_text(smollm, generator):
 
 def test_stop_strings(smollm, generator):
     tok = smollm.tokenizer
-    ids = tok.apply_chat_template([{"role": "user", "content": "Count from 1 to 10, separated by commas."}],
-                                  add_generation_prompt=True, tokenize=True)
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "Count from 1 to 10, separated by commas."}],
+        add_generation_prompt=True,
+        tokenize=True,
+    )
     free = generator.generate([ids], 40)[0].text
     assert "5" in free
     streamed = []

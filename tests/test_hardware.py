@@ -13,8 +13,20 @@ import pytest
 
 from jaxlab import hardware as hw
 
-REQUIRED = ("TPU v2", "TPU v3", "TPU v4", "TPU v5e", "TPU v5p", "TPU v6e", "NVIDIA T4", "NVIDIA L4",
-            "NVIDIA A100 40GB SXM", "NVIDIA A100 80GB SXM", "NVIDIA H100 SXM", "NVIDIA H200")
+REQUIRED = (
+    "TPU v2",
+    "TPU v3",
+    "TPU v4",
+    "TPU v5e",
+    "TPU v5p",
+    "TPU v6e",
+    "NVIDIA T4",
+    "NVIDIA L4",
+    "NVIDIA A100 40GB SXM",
+    "NVIDIA A100 80GB SXM",
+    "NVIDIA H100 SXM",
+    "NVIDIA H200",
+)
 
 
 def test_every_required_chip_is_there_with_plausible_numbers():
@@ -34,19 +46,43 @@ def test_every_required_chip_is_there_with_plausible_numbers():
     assert v3.devices_per_chip == 2 and v3.device_peak_flops == v3.peak_flops / 2
 
 
-@pytest.mark.parametrize("kind,name", [
-    ("TPU v2", "TPU v2"), ("TPU v3", "TPU v3"), ("TPU v4", "TPU v4"), ("TPU v5 lite", "TPU v5e"),
-    ("TPU v5e", "TPU v5e"), ("TPU v5", "TPU v5p"), ("TPU v5p", "TPU v5p"), ("TPU v6 lite", "TPU v6e"),
-    ("Tesla T4", "NVIDIA T4"), ("NVIDIA L4", "NVIDIA L4"), ("NVIDIA A100-SXM4-40GB", "NVIDIA A100 40GB SXM"),
-    ("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB SXM"), ("NVIDIA H100 80GB HBM3", "NVIDIA H100 SXM"),
-    ("NVIDIA H200", "NVIDIA H200"),
-])
+@pytest.mark.parametrize(
+    "kind,name",
+    [
+        ("TPU v2", "TPU v2"),
+        ("TPU v3", "TPU v3"),
+        ("TPU v4", "TPU v4"),
+        ("TPU v5 lite", "TPU v5e"),
+        ("TPU v5e", "TPU v5e"),
+        ("TPU v5", "TPU v5p"),
+        ("TPU v5p", "TPU v5p"),
+        ("TPU v6 lite", "TPU v6e"),
+        ("Tesla T4", "NVIDIA T4"),
+        ("NVIDIA L4", "NVIDIA L4"),
+        ("NVIDIA A100-SXM4-40GB", "NVIDIA A100 40GB SXM"),
+        ("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB SXM"),
+        ("NVIDIA H100 80GB HBM3", "NVIDIA H100 SXM"),
+        ("NVIDIA H200", "NVIDIA H200"),
+    ],
+)
 def test_device_kind_maps_to_its_chip(kind, name):
     assert hw.chip_for(kind).name == name
 
 
-@pytest.mark.parametrize("kind", ["cpu", "", None, "TPU v4 lite", "TPU7x", "NVIDIA H100 PCIe",
-                                  "NVIDIA A100 80GB PCIe", "NVIDIA GeForce RTX 4090", "NVIDIA H200 NVL"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "cpu",
+        "",
+        None,
+        "TPU v4 lite",
+        "TPU7x",
+        "NVIDIA H100 PCIe",
+        "NVIDIA A100 80GB PCIe",
+        "NVIDIA GeForce RTX 4090",
+        "NVIDIA H200 NVL",
+    ],
+)
 def test_cpu_and_unknown_chips_have_no_entry(kind):
     assert hw.chip_for(kind) is None
 

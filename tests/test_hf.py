@@ -24,8 +24,16 @@ pytestmark = pytest.mark.reference
 
 # head_dim 10 with hidden 60 and 6 query / 2 KV heads: grouped-query attention with odd sizes
 HF_KW = dict(
-    vocab_size=263, hidden_size=60, intermediate_size=84, num_hidden_layers=2, num_attention_heads=6,
-    num_key_value_heads=2, head_dim=10, rope_theta=10000.0, max_position_embeddings=128, rms_norm_eps=1e-6,
+    vocab_size=263,
+    hidden_size=60,
+    intermediate_size=84,
+    num_hidden_layers=2,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    head_dim=10,
+    rope_theta=10000.0,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-6,
 )
 TOKENS = np.random.default_rng(0).integers(0, HF_KW["vocab_size"], (2, 11))
 
@@ -105,7 +113,13 @@ def test_config_from_config_json(checkpoints):
     folder, _ = checkpoints["tied"]
     cfg, _ = load_hf(folder)
     assert (cfg.vocab_size, cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim) == (
-        263, 60, 2, 6, 2, 10, 84,
+        263,
+        60,
+        2,
+        6,
+        2,
+        10,
+        84,
     )
     assert cfg.rope_theta == 10000.0 and cfg.norm_eps == 1e-6 and cfg.max_seq_len == 128
     assert cfg.name == folder.name
@@ -118,7 +132,9 @@ def test_weights_are_transposed_not_permuted(checkpoints):
     sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
     np.testing.assert_array_equal(flat["layers.1.attn.wq"], sd["model.layers.1.self_attn.q_proj.weight"].T)
     np.testing.assert_array_equal(flat["layers.0.attn.wk"], sd["model.layers.0.self_attn.k_proj.weight"].T)
-    np.testing.assert_array_equal(flat["layers.0.mlp_norm.weight"], sd["model.layers.0.post_attention_layernorm.weight"])
+    np.testing.assert_array_equal(
+        flat["layers.0.mlp_norm.weight"], sd["model.layers.0.post_attention_layernorm.weight"]
+    )
     np.testing.assert_array_equal(flat["lm_head"], sd["lm_head.weight"].T)
     np.testing.assert_array_equal(flat["embed"], sd["model.embed_tokens.weight"])
 

@@ -22,9 +22,20 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 sys.path.insert(0, str(ROOT / "scripts"))
 import nbbuild  # noqa: E402
-EXPECTED = ["00_setup", "01_jax_essentials", "02_tokenization", "03_flax_model", "04_jit_and_generation",
-            "05_kv_cache", "06_batching_and_sampling", "07_profiling_and_compilation", "08_parallelism",
-            "09_quantization", "10_speculative_decoding"]
+
+EXPECTED = [
+    "00_setup",
+    "01_jax_essentials",
+    "02_tokenization",
+    "03_flax_model",
+    "04_jit_and_generation",
+    "05_kv_cache",
+    "06_batching_and_sampling",
+    "07_profiling_and_compilation",
+    "08_parallelism",
+    "09_quantization",
+    "10_speculative_decoding",
+]
 IGNORE_TAGS = {"nbval-ignore-output", "nbval-skip"}
 
 
@@ -39,8 +50,13 @@ def tags(cell):
 def checked(cell):
     """A code cell whose stored output nbval compares."""
     src = cell.source
-    return (cell.cell_type == "code" and not (tags(cell) & IGNORE_TAGS) and "NBVAL_IGNORE_OUTPUT" not in src
-            and "NBVAL_SKIP" not in src and "raises-exception" not in tags(cell))
+    return (
+        cell.cell_type == "code"
+        and not (tags(cell) & IGNORE_TAGS)
+        and "NBVAL_IGNORE_OUTPUT" not in src
+        and "NBVAL_SKIP" not in src
+        and "raises-exception" not in tags(cell)
+    )
 
 
 def test_expected_notebooks_exist():
@@ -57,14 +73,17 @@ def test_notebook_structure(path):
     assert "Learning goals" in cells[0].source or "Learning goals" in cells[1].source, "learning goals at the top"
     setup = next(c for c in cells if c.cell_type == "code")
     assert "google.colab" in setup.source, "first code cell: the guarded Colab install"
-    assert '"colab.py"' in setup.source and "torch==" not in setup.source and "install torch" not in setup.source, \
+    assert '"colab.py"' in setup.source and "torch==" not in setup.source and "install torch" not in setup.source, (
         "the Colab cell runs jaxlab/colab.py (pinned jax/flax) and leaves Colab's torch alone (tests/test_colab.py)"
+    )
     code = [c for c in cells if c.cell_type == "code"]
     for c in code:
         assert c.execution_count is not None or not c.source.strip(), f"cell not executed:\n{c.source[:200]}"
         errors = [o for o in c.get("outputs", []) if o.output_type == "error"]
         if errors:
-            assert "raises-exception" in tags(c), f"error output in a cell not tagged raises-exception:\n{c.source[:200]}"
+            assert "raises-exception" in tags(c), (
+                f"error output in a cell not tagged raises-exception:\n{c.source[:200]}"
+            )
     with_output = [c for c in code if checked(c) and c.get("outputs")]
     assert len(with_output) >= 5, f"only {len(with_output)} output-checked cells"
     text = "".join(o.get("text", "") for c in with_output for o in c.outputs if o.output_type == "stream")
@@ -80,15 +99,18 @@ def test_notebook_and_its_text_source_agree(path):
     assert nbbuild.source_text(nbformat.read(path, as_version=4)) == src.read_text(), (
         f"{path.name} and {src.relative_to(ROOT)} differ: build the notebook from its source "
         f"(python scripts/nbbuild.py {src.relative_to(ROOT)}, then scripts/run_notebooks.py), or after editing "
-        "the .ipynb write the source again (python scripts/nbbuild.py --sources)")
+        "the .ipynb write the source again (python scripts/nbbuild.py --sources)"
+    )
 
 
 def test_building_from_the_source_gives_the_notebook_cells(tmp_path):
     for path in notebooks():
         built = nbformat.read(nbbuild.build(nbbuild.source_path(path), tmp_path / path.name), as_version=4)
         have = nbformat.read(path, as_version=4)
+
         def key(nb):
             return [(c.cell_type, c.source, c.metadata.get("tags", [])) for c in nb.cells]
+
         assert key(built) == key(have), f"{path.name}: building its source does not give its cells"
     with pytest.raises(AssertionError, match="Title"):
         (tmp_path / "bad.py").write_text("# %%\nprint(1)\n")
@@ -105,10 +127,23 @@ def test_jupyterlab_serves_every_notebook(tmp_path):
     port, token = _free_port(), "jaxlab-test-token"
     env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"), JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ServerApp.ip=127.0.0.1",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={NOTEBOOKS}", "--ServerApp.open_browser=False"]
+        [
+            sys.executable,
+            "-m",
+            "jupyterlab",
+            "--no-browser",
+            f"--port={port}",
+            "--ServerApp.ip=127.0.0.1",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={NOTEBOOKS}",
+            "--ServerApp.open_browser=False",
+        ]
         + (["--allow-root"] if os.geteuid() == 0 else []),  # CI runs as root; Jupyter refuses root without it
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+    )
     try:
         url = f"http://127.0.0.1:{port}/api/contents?token={token}"
         deadline = time.time() + 60

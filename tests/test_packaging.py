@@ -38,7 +38,9 @@ def test_constraints_and_environment_mirror_pyproject():
     constraints = pins((ROOT / "constraints.txt").read_text().splitlines())
     env = pins((ROOT / "environment.yml").read_text().splitlines())
     for name, version in pinned.items():
-        assert constraints.get(name) == version, f"constraints.txt: {name}=={constraints.get(name)}, pyproject {version}"
+        assert constraints.get(name) == version, (
+            f"constraints.txt: {name}=={constraints.get(name)}, pyproject {version}"
+        )
         assert env.get(name) == version, f"environment.yml: {name}=={env.get(name)}, pyproject {version}"
     assert set(env) == set(pinned)
 
@@ -63,7 +65,9 @@ def test_make_lab_installs_the_lab_without_the_reference(tmp_path):
     import subprocess
 
     def dry(target):
-        proc = subprocess.run(["make", "-n", "-B", f"VENV={tmp_path}/v", target], cwd=ROOT, capture_output=True, text=True)
+        proc = subprocess.run(
+            ["make", "-n", "-B", f"VENV={tmp_path}/v", target], cwd=ROOT, capture_output=True, text=True
+        )
         assert proc.returncode == 0, proc.stderr
         return proc.stdout
 
@@ -74,6 +78,10 @@ def test_make_lab_installs_the_lab_without_the_reference(tmp_path):
     heavy = {"torch", "transformers", "accelerate"}
     assert heavy <= {norm(r.split("==")[0]) for r in data["optional-dependencies"]["test"]}
     assert not heavy & {norm(r.split("==")[0]) for r in data["dependencies"] + data["optional-dependencies"]["lab"]}
-    accel = subprocess.run(["make", "-n", "-B", f"VENV={tmp_path}/v", "ACCEL=tpu", f"{tmp_path}/v/.jaxlab-lab-tpu"],
-                           cwd=ROOT, capture_output=True, text=True).stdout
+    accel = subprocess.run(
+        ["make", "-n", "-B", f"VENV={tmp_path}/v", "ACCEL=tpu", f"{tmp_path}/v/.jaxlab-lab-tpu"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout
     assert '"jax[tpu]"' in accel

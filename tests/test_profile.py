@@ -141,9 +141,7 @@ def test_compile_counter_counts_persistent_cache_hits(tmp_path):
     )
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
-    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["1", "0", "1", "1", "0"]
 
@@ -187,7 +185,11 @@ def test_memory_stats_and_array_bytes():
     assert m["process_peak_rss_bytes"] > 0
     if m["process_rss_bytes"] is not None:
         assert 0 < m["process_rss_bytes"] <= m["process_peak_rss_bytes"] * 1.01
-    tree = {"a": jnp.ones((3, 4), jnp.float32), "b": [np.zeros(5, np.int8), jax.ShapeDtypeStruct((2,), jnp.bfloat16)], "c": 1}
+    tree = {
+        "a": jnp.ones((3, 4), jnp.float32),
+        "b": [np.zeros(5, np.int8), jax.ShapeDtypeStruct((2,), jnp.bfloat16)],
+        "c": 1,
+    }
     assert prof.array_bytes(tree) == 48 + 5 + 4
 
 

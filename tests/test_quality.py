@@ -168,7 +168,8 @@ def test_baseline_notes_say_what_float32_is():
     other = quality.baseline_notes("my.gguf", "gguf", [], 32)
     assert len(other) == 2 and "as stored" in other[1]
     assert quality.baseline_notes("HuggingFaceTB/SmolLM2-135M-Instruct", "hub", [], 32) == [
-        "reference: HuggingFaceTB/SmolLM2-135M-Instruct as loaded, computed in float32"]
+        "reference: HuggingFaceTB/SmolLM2-135M-Instruct as loaded, computed in float32"
+    ]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -193,8 +194,7 @@ def test_eval_text_script_reproduces_the_file_on_its_python(tmp_path):
     manifest = json.loads((quality.EVAL_DIR / "stdlib.json").read_text())
     if f"{sys.version_info.major}.{sys.version_info.minor}" != manifest["python"].rsplit(".", 1)[0]:
         pytest.skip(f"the text was written by Python {manifest['python']}; docstrings differ between versions")
-    code = ("import sys; sys.path.insert(0, 'scripts'); import make_eval_text as m; "
-            "sys.stdout.write(m.build()[0])")
+    code = "import sys; sys.path.insert(0, 'scripts'); import make_eval_text as m; sys.stdout.write(m.build()[0])"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, check=True).stdout
     assert out == quality.EVAL_TEXT.read_bytes()
 
@@ -220,21 +220,43 @@ def write_tiny_checkpoint(folder: Path, tokenizer) -> None:
 
     from jaxlab.weights.hf import _mapping
 
-    hf = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=tokenizer.vocab_size, hidden_size=64,
-              intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-              rope_theta=10000.0, max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=True,
-              bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id)
+    hf = dict(
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rope_theta=10000.0,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_id,
+        eos_token_id=tokenizer.eos_id,
+    )
     (folder / "config.json").write_text(json.dumps(hf))
     from jaxlab.weights.hf import hf_config
 
     cfg = hf_config(folder)
     params = init_params(cfg, 3).flat()
-    tensors = {hf_name: np.ascontiguousarray(np.asarray(params[name]).T if t else np.asarray(params[name]))
-               for hf_name, name, t in _mapping(cfg)}
+    tensors = {
+        hf_name: np.ascontiguousarray(np.asarray(params[name]).T if t else np.asarray(params[name]))
+        for hf_name, name, t in _mapping(cfg)
+    }
     save_file(tensors, str(folder / "model.safetensors"))
     tokenizer.backend.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps(
-        {"chat_template": tokenizer.chat_template, "bos_token": tokenizer.bos_token, "eos_token": tokenizer.eos_token}))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "chat_template": tokenizer.chat_template,
+                "bos_token": tokenizer.bos_token,
+                "eos_token": tokenizer.eos_token,
+            }
+        )
+    )
 
 
 def test_quality_report_on_a_hugging_face_folder(tmp_path, smollm):

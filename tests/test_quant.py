@@ -156,7 +156,7 @@ def test_quantized_cached_decode_equals_uncached_forward(fmt):
     step = jax.jit(forward)
     outs = []
     for i in range(9):
-        lg, cache = step(q, tokens[:, i:i + 1], positions[:, i:i + 1], cache)
+        lg, cache = step(q, tokens[:, i : i + 1], positions[:, i : i + 1], cache)
         outs.append(lg)
     assert _rel(jnp.concatenate(outs, 1), full) < 1e-4
 
@@ -195,7 +195,7 @@ def test_int8_kv_cache_decode_is_close_to_float_cache():
         lg, cache = step(p, tokens[:, :8], positions[:, :8], cache)  # prefill 8
         outs = [lg[:, -1:]]
         for i in range(8, 12):
-            lg, cache = step(p, tokens[:, i:i + 1], positions[:, i:i + 1], cache)
+            lg, cache = step(p, tokens[:, i : i + 1], positions[:, i : i + 1], cache)
             outs.append(lg)
         res[dtype] = jnp.concatenate(outs, 1)
     err = _rel(res["int8"], res["float32"])
@@ -314,8 +314,10 @@ def test_activation_stats_are_the_inputs_of_each_matrix():
 def test_calibrated_w8a8_beats_plain_w8a8_on_the_embedded_model(smollm):
     """SmoothQuant's claim, checked on the real model: calibrated W8A8 is closer to float32."""
     tok = smollm.tokenizer
-    ids = tok.encode("def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n"
-                     "    return a\n\nThe function above returns the n-th Fibonacci number, computed")
+    ids = tok.encode(
+        "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n"
+        "    return a\n\nThe function above returns the n-th Fibonacci number, computed"
+    )
     tokens, positions = left_pad([ids], 0)
     f = jax.jit(forward)
     ref = jax.nn.log_softmax(f(smollm.params, tokens, positions)[0], -1)

@@ -101,7 +101,9 @@ def test_corrupt_cache_file_says_delete_it(cache, capsys, damage):
     if not f.exists():
         loading.load_params(quant="int8")
     data = f.read_bytes()
-    f.write_bytes({"garbage": b"not a safetensors file " * 20, "truncated": data[: len(data) // 2], "empty": b""}[damage])
+    f.write_bytes(
+        {"garbage": b"not a safetensors file " * 20, "truncated": data[: len(data) // 2], "empty": b""}[damage]
+    )
     try:
         with pytest.raises(ModelFileError) as e:
             loading.load_params(quant="int8")
@@ -115,12 +117,15 @@ def test_corrupt_cache_file_says_delete_it(cache, capsys, damage):
         f.unlink()
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(quant="int9"), "unknown quantization format 'int9'; choose one of int8, int4, w8a8"),
-    (dict(quant="int4", group_size=7), "even integer >= 2, got 7"),
-    (dict(quant="int4", group_size=0), "even integer >= 2, got 0"),
-    (dict(quant="int8", dtype="bfloat16"), r"load with dtype='float32' \(drop dtype='bfloat16'\)"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(quant="int9"), "unknown quantization format 'int9'; choose one of int8, int4, w8a8"),
+        (dict(quant="int4", group_size=7), "even integer >= 2, got 7"),
+        (dict(quant="int4", group_size=0), "even integer >= 2, got 0"),
+        (dict(quant="int8", dtype="bfloat16"), r"load with dtype='float32' \(drop dtype='bfloat16'\)"),
+    ],
+)
 def test_requests_that_cannot_run(kwargs, match):
     # checked before the model is even looked for
     with pytest.raises(ConfigError, match=match):
@@ -146,9 +151,19 @@ def test_progress_bar_when_asked(cache, capsys):
 # A local Hugging Face folder: cached too, and a changed checkpoint is quantized again
 # --------------------------------------------------------------------------------------------------
 
-HF_CONFIG = dict(model_type="llama", vocab_size=131, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
-                 rms_norm_eps=1e-5, tie_word_embeddings=True)
+HF_CONFIG = dict(
+    model_type="llama",
+    vocab_size=131,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=64,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+)
 
 
 def write_checkpoint(folder, seed):
@@ -183,8 +198,9 @@ def test_hf_folder_quantized_once_and_rebuilt_when_it_changes(tmp_path, monkeypa
     real_load_hf = hf.load_hf
     monkeypatch.setattr(hf, "load_hf", refuse("reading the checkpoint"))
     second, _, _ = loading.load_params(folder, quant="int8")
-    np.testing.assert_array_equal(np.asarray(first.flat()["layers.1.mlp.w_up"].q),
-                                  np.asarray(second.flat()["layers.1.mlp.w_up"].q))
+    np.testing.assert_array_equal(
+        np.asarray(first.flat()["layers.1.mlp.w_up"].q), np.asarray(second.flat()["layers.1.mlp.w_up"].q)
+    )
 
     monkeypatch.setattr(hf, "load_hf", real_load_hf)
     # new weights written over the old file in place (as `cp` does): the folder's own mtime stays, the
@@ -193,6 +209,7 @@ def test_hf_folder_quantized_once_and_rebuilt_when_it_changes(tmp_path, monkeypa
     with open(folder / "model.safetensors", "r+b") as fh:
         fh.write((tmp_path / "new" / "model.safetensors").read_bytes())
     third, _, _ = loading.load_params(folder, quant="int8")
-    assert not np.array_equal(np.asarray(first.flat()["layers.1.mlp.w_up"].q),
-                              np.asarray(third.flat()["layers.1.mlp.w_up"].q))
+    assert not np.array_equal(
+        np.asarray(first.flat()["layers.1.mlp.w_up"].q), np.asarray(third.flat()["layers.1.mlp.w_up"].q)
+    )
     assert len(list((tmp_path / "cache" / "params").glob("tiny-hf-*.safetensors"))) == 2

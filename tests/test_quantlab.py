@@ -12,6 +12,7 @@ import pytest
 matplotlib.use("Agg")
 
 from conftest import load_solution  # noqa: E402
+
 from jaxlab import init_params, quant, quantlab, tiny  # noqa: E402
 from jaxlab.exercises import nb09  # noqa: E402
 
@@ -87,7 +88,11 @@ def test_activation_rows_before_and_after_smoothing():
     assert r["levels for a median channel"] == pytest.approx(127 / r["spread"])
     assert r["spread, smoothed"] < r["spread"] / 5  # the square root of the outlier's range stays behind
     assert set(quantlab.activation_rows(stats, None, ["embed"])[0]) == {
-        "matrix", "largest channel", "spread", "levels for a median channel"}
+        "matrix",
+        "largest channel",
+        "spread",
+        "levels for a median channel",
+    }
 
 
 # -- per-layer error -------------------------------------------------------------------------------
@@ -104,9 +109,11 @@ def test_layer_errors_and_exact_count():
 
 
 def test_plot_layer_errors_draws_exact_matrices_on_the_floor():
-    errs = {"int8": [("layers.0.attn.wq", 0.01), ("embed", 0.012)],
-            "int4 g32": [("layers.0.attn.wq", 0.0), ("embed", 0.08)],
-            "w8a8": [("layers.0.attn.wq", 0.0), ("embed", 0.0)]}  # all exact: no filled points at all
+    errs = {
+        "int8": [("layers.0.attn.wq", 0.01), ("embed", 0.012)],
+        "int4 g32": [("layers.0.attn.wq", 0.0), ("embed", 0.08)],
+        "w8a8": [("layers.0.attn.wq", 0.0), ("embed", 0.0)],
+    }  # all exact: no filled points at all
     ax = quantlab.plot_layer_errors(errs, floor=1e-4)
     assert ax.get_yscale() == "log"
     labels = ax.get_legend_handles_labels()[1]
@@ -127,7 +134,8 @@ def test_time_formulations_agree_within_a_format():
         assert r["differs from its format's first row"] < 1e-4  # same weights, same product
     assert rows["w8a8, one int8 row"]["differs from its format's first row"] == 0.0
     assert rows["w8a8, padded to two rows (jaxlab)"]["error vs float32"] == pytest.approx(
-        rows["w8a8, one int8 row"]["error vs float32"])
+        rows["w8a8, one int8 row"]["error vs float32"]
+    )
     assert 0 < rows["int8, two int8 rows (jaxlab)"]["error vs float32"] < 0.05
     # a subset still gets the float32 baseline
     subset = quantlab.time_formulations(w, batch=2, reps=1, names=["int8, convert then float dot"])
@@ -138,8 +146,9 @@ def test_decode_step_times_rows():
     cfg = tiny()
     p = init_params(cfg, 0)
     q = quant.quantize_params(p, "int8")
-    rows = quantlab.decode_step_times({"float32": (p, jnp.float32), "int8 + int8 KV": (q, jnp.int8)},
-                                      batch=2, slots=4, steps=3, reps=2)  # 7 steps: positions clamp at 3
+    rows = quantlab.decode_step_times(
+        {"float32": (p, jnp.float32), "int8 + int8 KV": (q, jnp.int8)}, batch=2, slots=4, steps=3, reps=2
+    )  # 7 steps: positions clamp at 3
     assert [r["variant"] for r in rows] == ["float32", "int8 + int8 KV"]
     assert rows[0]["vs float32"] == 1.0 and rows[1]["vs float32"] > 0
     assert all(r["batch"] == 2 and r["ms/step"] > 0 and r["compile s"] > 0 for r in rows)
@@ -152,8 +161,12 @@ def test_memory_rows_are_the_bytes():
     p = init_params(cfg, 0)
     q = quant.quantize_params(p, "int8")
     rows = quantlab.memory_rows({"float32": p, "int8": q}, cfg, kv_batch=3, kv_len=16)
-    assert [r["what"] for r in rows] == ["weights, float32", "weights, int8", "KV cache 3 x 16, float32",
-                                         "KV cache 3 x 16, int8"]
+    assert [r["what"] for r in rows] == [
+        "weights, float32",
+        "weights, int8",
+        "KV cache 3 x 16, float32",
+        "KV cache 3 x 16, int8",
+    ]
     assert rows[1]["MB"] == pytest.approx(q.nbytes() / 1e6)
     assert rows[1]["vs float32"] == pytest.approx(p.nbytes() / q.nbytes())
     assert rows[3]["MB"] == pytest.approx(kv_cache_bytes(cfg, 3, 16, "int8") / 1e6)
@@ -161,12 +174,16 @@ def test_memory_rows_are_the_bytes():
 
 
 def test_plot_speed_memory():
-    mem = [{"what": "weights, float32", "MB": 538.0, "vs float32": 1.0},
-           {"what": "weights, int8", "MB": 135.0, "vs float32": 4.0}]
-    speed = [{"variant": "float32", "batch": 1, "ms/step": 24.0, "vs float32": 1.0},
-             {"variant": "int8", "batch": 1, "ms/step": 13.0, "vs float32": 1.85},
-             {"variant": "float32", "batch": 32, "ms/step": 87.0, "vs float32": 1.0},
-             {"variant": "w8a8 + int8 KV", "batch": 32, "ms/step": 60.0, "vs float32": 1.45}]
+    mem = [
+        {"what": "weights, float32", "MB": 538.0, "vs float32": 1.0},
+        {"what": "weights, int8", "MB": 135.0, "vs float32": 4.0},
+    ]
+    speed = [
+        {"variant": "float32", "batch": 1, "ms/step": 24.0, "vs float32": 1.0},
+        {"variant": "int8", "batch": 1, "ms/step": 13.0, "vs float32": 1.85},
+        {"variant": "float32", "batch": 32, "ms/step": 87.0, "vs float32": 1.0},
+        {"variant": "w8a8 + int8 KV", "batch": 32, "ms/step": 60.0, "vs float32": 1.45},
+    ]
     fig = quantlab.plot_speed_memory(mem, speed)
     a0, a1 = fig.axes
     assert len(a0.patches) == 2 and len(a1.patches) == 4
@@ -175,11 +192,18 @@ def test_plot_speed_memory():
 
 
 def test_quality_rows():
-    scores = {"reference": {"perplexity": 20.0, "tokens": 10},
-              "int8": {"perplexity": 20.2, "kl": 0.005, "top1_agreement": 0.95, "tokens": 10}}
+    scores = {
+        "reference": {"perplexity": 20.0, "tokens": 10},
+        "int8": {"perplexity": 20.2, "kl": 0.005, "top1_agreement": 0.95, "tokens": 10},
+    }
     rows = quantlab.quality_rows(scores)
-    assert rows[0] == {"variant": "float32", "perplexity": 20.0, "ppl increase %": 0.0, "KL": 0.0,
-                       "top-1 agreement": 1.0}
+    assert rows[0] == {
+        "variant": "float32",
+        "perplexity": 20.0,
+        "ppl increase %": 0.0,
+        "KL": 0.0,
+        "top-1 agreement": 1.0,
+    }
     assert rows[1]["ppl increase %"] == pytest.approx(1.0) and rows[1]["KL"] == 0.005
 
 
@@ -202,8 +226,12 @@ def test_exercise_checkers():
 
     assert not nb09.check_quantize_int8(per_tensor)
     assert not nb09.check_quantize_int8(truncating)
-    assert not nb09.check_quantize_int8(lambda w: (sol.my_quantize_int8(w)[0].astype(np.int32),  # wrong dtype
-                                                   sol.my_quantize_int8(w)[1]))
+    assert not nb09.check_quantize_int8(
+        lambda w: (
+            sol.my_quantize_int8(w)[0].astype(np.int32),  # wrong dtype
+            sol.my_quantize_int8(w)[1],
+        )
+    )
     high_first = lambda c: (c[:, 1::2] | (c[:, 0::2] << 4)).astype(np.uint8)  # noqa: E731
     assert not nb09.check_pack_int4(high_first, sol.my_unpack_int4)
     assert not nb09.check_pack_int4(sol.my_pack_int4, lambda p: np.stack([p >> 4, p & 15], -1).reshape(len(p), -1))

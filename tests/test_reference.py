@@ -22,8 +22,45 @@ pytestmark = pytest.mark.reference
 
 # Given as token ids, so these tests do not depend on the tokenizer.
 ID_PROMPTS = {
-    "chat": [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407,
-             19712, 8182, 2, 198, 1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198],
+    "chat": [
+        1,
+        9690,
+        198,
+        2683,
+        359,
+        253,
+        5356,
+        5646,
+        11173,
+        3365,
+        3511,
+        308,
+        34519,
+        28,
+        7018,
+        411,
+        407,
+        19712,
+        8182,
+        2,
+        198,
+        1,
+        4093,
+        198,
+        1780,
+        314,
+        260,
+        3575,
+        282,
+        4649,
+        47,
+        2,
+        198,
+        1,
+        520,
+        9531,
+        198,
+    ],
     "one token": [504],
     "text": [504, 3575, 282, 4649, 314, 7042, 30, 339, 3543, 260, 2655, 282],
     "rare ids": [49151, 12, 40000, 7, 3, 25000, 18000, 77, 1000, 2],
@@ -49,7 +86,9 @@ def test_last_logits_match_reference(name, smollm, reference, fwd, parity):
     ours = np.asarray(ours[0])
     err_last = rel_err(ours[-1], ref[-1])
     err_all = rel_err(ours, ref)
-    parity(f"logits  {name!r:12} ({len(ids):2d} tokens): rel. error last {err_last:.2e}, all positions {err_all:.2e} (limit {RTOL:g})")
+    parity(
+        f"logits  {name!r:12} ({len(ids):2d} tokens): rel. error last {err_last:.2e}, all positions {err_all:.2e} (limit {RTOL:g})"
+    )
     assert err_last <= RTOL
     assert err_all <= RTOL
     assert ours[-1].argmax() == ref[-1].argmax()
@@ -101,15 +140,19 @@ GREEDY_PROMPTS = [
 def test_greedy_and_prompt_ids_match_transformers_generate(smollm, generator, reference, parity):
     model, ref_tok = reference
     tok = smollm.tokenizer
-    ours_ids = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True)
-                for p in GREEDY_PROMPTS]
+    ours_ids = [
+        tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True)
+        for p in GREEDY_PROMPTS
+    ]
     ref_ids = [ref_lib.chat_ids(ref_tok, p) for p in GREEDY_PROMPTS]
     assert ours_ids == ref_ids
     n = 32
     results = generator.generate(ours_ids, n, ignore_eos=True)
     for p, ids, r in zip(GREEDY_PROMPTS, ours_ids, results):
         assert r.generated_ids == ref_lib.reference_greedy(model, ids, n), f"greedy tokens differ for {p!r}"
-    parity(f"greedy {n}-token continuations identical to transformers.generate for {len(GREEDY_PROMPTS)} chat prompts (one batch)")
+    parity(
+        f"greedy {n}-token continuations identical to transformers.generate for {len(GREEDY_PROMPTS)} chat prompts (one batch)"
+    )
 
 
 def test_golden_files_are_fresh(gguf_path, reference):
@@ -122,15 +165,17 @@ def test_golden_files_are_fresh(gguf_path, reference):
         assert s["greedy_ids"] == f["greedy_ids"], s["prompt"]
         assert s["last_logits"]["top_ids"] == f["last_logits"]["top_ids"], s["prompt"]
         np.testing.assert_allclose(s["last_logits"]["top_logits"], f["last_logits"]["top_logits"], atol=2e-3)
-    assert [s["prompt"] for s in stored["prompts"]] == [f["prompt"] for f in fresh["prompts"]], \
+    assert [s["prompt"] for s in stored["prompts"]] == [f["prompt"] for f in fresh["prompts"]], (
         "data/reference is stale: run `make reference`"
+    )
 
 
 def test_our_outputs_match_golden(smollm, generator, fwd):
     """What the notebooks check, without torch: our ids, greedy tokens and logits against the golden file."""
     for row in ref_lib.load_golden()["prompts"]:
-        ids = smollm.tokenizer.apply_chat_template([{"role": "user", "content": row["prompt"]}],
-                                                   add_generation_prompt=True, tokenize=True)
+        ids = smollm.tokenizer.apply_chat_template(
+            [{"role": "user", "content": row["prompt"]}], add_generation_prompt=True, tokenize=True
+        )
         assert ids == row["prompt_ids"]
         logits, _ = fwd(smollm.params, jnp.asarray([ids]), jnp.arange(len(ids))[None], last_only=True)
         ok, verdict = ref_lib.compare_logits(np.asarray(logits[0, -1]), row["last_logits"])

@@ -24,6 +24,7 @@ from types import SimpleNamespace
 import jax
 import numpy as np
 import pytest
+from conftest import load_solution
 from jax.sharding import PartitionSpec as P
 
 import jaxlab
@@ -32,8 +33,6 @@ from jaxlab.errors import ConfigError, InvalidRequestError
 from jaxlab.generate import Generator
 from jaxlab.kvcache import left_pad
 from jaxlab.model import forward, init_params
-
-from conftest import load_solution
 
 EIGHT = jax.device_count() >= 8
 needs8 = pytest.mark.skipif(not EIGHT, reason="runs in the 8-device subprocess (test_eight_device_suite)")
@@ -67,8 +66,13 @@ def test_parse_mesh():
     assert S.parse_mesh(" data = 2 ") == {"data": 2, "model": 1}
     assert S.parse_mesh({"data": 4}) == {"data": 4, "model": 1}
     assert S.format_mesh(S.parse_mesh("model=2")) == "data=1,model=2"
-    for bad, words in [("pipe=2", "unknown"), ("data=x", "whole number"), ("data=0", "at least 1"),
-                       ("data", "name=size"), ("data=2,data=2", "twice")]:
+    for bad, words in [
+        ("pipe=2", "unknown"),
+        ("data=x", "whole number"),
+        ("data=0", "at least 1"),
+        ("data", "name=size"),
+        ("data=2,data=2", "twice"),
+    ]:
         with pytest.raises(ConfigError, match=words):
             S.parse_mesh(bad)
 
@@ -271,8 +275,13 @@ def test_exercise_pad_heads(solution, tiny_params, capsys):
     # the checker's reference agrees with the module's pad_heads on a real layer
     cfg, flat = tiny_params.config, tiny_params.flat()
     padded = S.pad_heads(tiny_params, 4).flat()
-    ref = nb08.pad_attention(*(np.asarray(flat[f"layers.0.attn.{w}"]) for w in ("wq", "wk", "wv", "wo")),
-                             cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, 4)
+    ref = nb08.pad_attention(
+        *(np.asarray(flat[f"layers.0.attn.{w}"]) for w in ("wq", "wk", "wv", "wo")),
+        cfg.n_heads,
+        cfg.n_kv_heads,
+        cfg.head_dim,
+        4,
+    )
     for w, r in zip(("wq", "wk", "wv", "wo"), ref):
         np.testing.assert_array_equal(np.asarray(padded[f"layers.0.attn.{w}"]), r)
 
@@ -287,9 +296,26 @@ def test_eight_device_suite():
     env["XLA_FLAGS"] = " ".join(flags + ["--xla_force_host_platform_device_count=8"])
     env["JAX_PLATFORMS"] = "cpu"
     root = Path(__file__).resolve().parent.parent
-    proc = subprocess.run([sys.executable, "-m", "pytest", str(Path(__file__).resolve()), "-q", "-k", "8dev",
-                           "-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning"],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(Path(__file__).resolve()),
+            "-q",
+            "-k",
+            "8dev",
+            "-p",
+            "no:cacheprovider",
+            "-W",
+            "ignore::DeprecationWarning",
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     tail = (proc.stdout + proc.stderr)[-6000:]
     assert proc.returncode == 0, f"8-device tests failed:\n{tail}"
     assert " passed" in proc.stdout and " failed" not in proc.stdout, tail
@@ -300,8 +326,15 @@ def test_eight_device_suite():
 # Eight devices
 # --------------------------------------------------------------------------------------------------
 
-TINY_CASES = [("data", "data=4"), ("tensor", "model=2"), ("tensor", "model=8"), ("data+tensor", "data=2,model=4"),
-              ("shard_map", "model=8"), ("shard_map", "data=2,model=4"), ("pmap", "data=4")]
+TINY_CASES = [
+    ("data", "data=4"),
+    ("tensor", "model=2"),
+    ("tensor", "model=8"),
+    ("data+tensor", "data=2,model=4"),
+    ("shard_map", "model=8"),
+    ("shard_map", "data=2,model=4"),
+    ("pmap", "data=4"),
+]
 
 
 @needs8
@@ -412,8 +445,13 @@ def test_8dev_vocab_split_is_one_rule_away(tiny_params, tiny_reference):
 
 # -- the real model, once per strategy ---------------------------------------------------------------
 
-REAL_CASES = [("data", "data=2"), ("tensor", "model=8"), ("data+tensor", "data=2,model=4"),
-              ("shard_map", "data=2,model=4"), ("pmap", "data=2")]
+REAL_CASES = [
+    ("data", "data=2"),
+    ("tensor", "model=8"),
+    ("data+tensor", "data=2,model=4"),
+    ("shard_map", "data=2,model=4"),
+    ("pmap", "data=2"),
+]
 REAL_NEW = 8
 
 

@@ -7,8 +7,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from conftest import load_solution
+
+from jaxlab import speculative as spec
 from jaxlab import tiny
 from jaxlab.exercises import nb10
 from jaxlab.generate import Generator
@@ -16,16 +17,20 @@ from jaxlab.kvcache import init_cache, left_pad, rollback
 from jaxlab.model import forward, param_shapes, params_from_flat
 from jaxlab.profile import CompileCounter
 from jaxlab.sampling import SamplingParams
-from jaxlab import speculative as spec
 
 
 def scaled(cfg, seed, scale):
     """Random weights, normal(0, 0.02 * scale), norms 1: scaled up so that greedy text is not one token
     repeated (at the usual 0.02 it is). Drawn with NumPy: no eager JAX op to compile."""
     rng = np.random.default_rng(seed)
-    flat = {n: (np.ones(shape, np.float32) if n.endswith("norm.weight")
-                else (rng.standard_normal(shape) * 0.02 * scale).astype(np.float32))
-            for n, shape in param_shapes(cfg).items()}
+    flat = {
+        n: (
+            np.ones(shape, np.float32)
+            if n.endswith("norm.weight")
+            else (rng.standard_normal(shape) * 0.02 * scale).astype(np.float32)
+        )
+        for n, shape in param_shapes(cfg).items()
+    }
     return params_from_flat(cfg, flat)
 
 
@@ -211,11 +216,10 @@ def test_no_recompiles_as_acceptance_varies(tiny_params):
 # Sampling: the rejection rule keeps the target distribution
 # --------------------------------------------------------------------------------------------------
 
-P = np.array([[0.40, 0.30, 0.15, 0.10, 0.05],
-              [0.05, 0.05, 0.20, 0.30, 0.40],
-              [0.20, 0.20, 0.20, 0.20, 0.20]], np.float32)  # target, positions 0..k (k = 2)
-Q = np.array([[0.10, 0.10, 0.20, 0.30, 0.30],
-              [0.30, 0.30, 0.20, 0.10, 0.10]], np.float32)  # draft, positions 0..k-1
+P = np.array(
+    [[0.40, 0.30, 0.15, 0.10, 0.05], [0.05, 0.05, 0.20, 0.30, 0.40], [0.20, 0.20, 0.20, 0.20, 0.20]], np.float32
+)  # target, positions 0..k (k = 2)
+Q = np.array([[0.10, 0.10, 0.20, 0.30, 0.30], [0.30, 0.30, 0.20, 0.10, 0.10]], np.float32)  # draft, positions 0..k-1
 
 
 def accept_always(p, q, drafts, key):
@@ -296,7 +300,9 @@ def test_speculative_sampling_end_to_end(method, layers):
     # exact marginals: p(t1), p(t2 | t1), p(t3 | t1, t2) for all 121 (t1, t2)
     pairs = np.array([(a, b) for a in range(v) for b in range(v)])
     seqs = np.concatenate([np.tile(prompt, (v * v, 1)), pairs], axis=1)
-    logits, _ = jax.jit(forward)(params, jnp.asarray(seqs), jnp.asarray(np.broadcast_to(np.arange(seqs.shape[1]), seqs.shape)))
+    logits, _ = jax.jit(forward)(
+        params, jnp.asarray(seqs), jnp.asarray(np.broadcast_to(np.arange(seqs.shape[1]), seqs.shape))
+    )
     probs = np.asarray(jax.nn.softmax(logits, axis=-1), np.float64)
     t = len(prompt)
     p1 = probs[0, t - 1]
@@ -316,10 +322,22 @@ def test_speculative_sampling_end_to_end(method, layers):
 
 def test_measure_rows_and_early_exit_probe(tiny_params, plain):
     prompts = mixed_prompts(4, seed=6)
-    rows = spec.measure(tiny_params, None, {"periodic": [prompts[1], prompts[3]], "random": [prompts[0]]},
-                        k=K, max_new_tokens=16, methods=("ngram", "draft"), draft_layers=1, generator=plain)
-    assert [(r["task"], r["method"]) for r in rows] == [("periodic", "ngram"), ("periodic", "draft L=1"),
-                                                        ("random", "ngram"), ("random", "draft L=1")]
+    rows = spec.measure(
+        tiny_params,
+        None,
+        {"periodic": [prompts[1], prompts[3]], "random": [prompts[0]]},
+        k=K,
+        max_new_tokens=16,
+        methods=("ngram", "draft"),
+        draft_layers=1,
+        generator=plain,
+    )
+    assert [(r["task"], r["method"]) for r in rows] == [
+        ("periodic", "ngram"),
+        ("periodic", "draft L=1"),
+        ("random", "ngram"),
+        ("random", "draft L=1"),
+    ]
     assert all(r["identical"] == "yes" and r["speed-up"] > 0 and 1 <= r["tokens/call"] <= K + 1 for r in rows)
     gen = plain.generate(prompts, 12, ignore_eos=True)
     agree = spec.early_exit_agreement(tiny_params, prompts, [r.generated_ids for r in gen])
@@ -344,8 +362,10 @@ def test_describe_rounds(tiny_params):
 @pytest.mark.slow
 def test_real_model_greedy_exact(smollm, generator):
     tok = smollm.tokenizer
-    prompts = [spec.chat_prompt(tok, spec.TASK_PROMPTS["copy: repeat"][0]),
-               spec.chat_prompt(tok, spec.TASK_PROMPTS["open-ended"][0])]
+    prompts = [
+        spec.chat_prompt(tok, spec.TASK_PROMPTS["copy: repeat"][0]),
+        spec.chat_prompt(tok, spec.TASK_PROMPTS["open-ended"][0]),
+    ]
     want = [generator.generate([p], 20, ignore_eos=True)[0].generated_ids for p in prompts]
     ngram = [spec.speculative_generate(smollm.params, [p], 20, method="ngram", k=4)[0] for p in prompts]
     assert [r.generated_ids for r in ngram] == want

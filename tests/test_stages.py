@@ -8,11 +8,11 @@ model against the golden file.
 
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import load_solution
 
 from jaxlab import stages, tiny
 from jaxlab.exercises import nb04, nb06
@@ -21,16 +21,16 @@ from jaxlab.kvcache import init_cache
 from jaxlab.model import forward, param_shapes, params_from_flat
 from jaxlab.profile import CompileCounter, Roofline
 from jaxlab.sampling import SamplingParams, filter_logits
-from conftest import load_solution
-
 
 
 @pytest.fixture(scope="module")
 def params():
     """Tiny random weights large enough that greedy tokens vary from step to step."""
     cfg, rng = tiny(), np.random.default_rng(0)
-    flat = {n: (rng.normal(0, 0.2, s) if len(s) > 1 else 1 + rng.normal(0, 0.1, s)).astype(np.float32)
-            for n, s in param_shapes(cfg).items()}
+    flat = {
+        n: (rng.normal(0, 0.2, s) if len(s) > 1 else 1 + rng.normal(0, 0.1, s)).astype(np.float32)
+        for n, s in param_shapes(cfg).items()
+    }
     return params_from_flat(cfg, flat)
 
 
@@ -44,13 +44,11 @@ def uncached_greedy(params, ids, n):
     position t do not depend on the tokens after t)."""
     total = len(ids) + n
     seq = np.zeros((1, total), np.int32)
-    seq[0, :len(ids)] = ids
+    seq[0, : len(ids)] = ids
     for t in range(len(ids), total):
         logits, _ = _jit_forward(params, jnp.asarray(seq), jnp.arange(total)[None])
         seq[0, t] = int(jnp.argmax(logits[0, t - 1]))
-    return seq[0, len(ids):].tolist()
-
-
+    return seq[0, len(ids) :].tolist()
 
 
 # ------------------------------------------------------------------------------------ padding
@@ -70,7 +68,7 @@ def test_pad_to_bucket(n):
     tokens, positions = stages.pad_to_bucket(list(range(10, 10 + n)), (4, 8), pad_id=0)
     length = bucket(n, (4, 8))
     assert tokens.shape == positions.shape == (length,)
-    assert tokens[length - n:].tolist() == list(range(10, 10 + n)) and (tokens[:length - n] == 0).all()
+    assert tokens[length - n :].tolist() == list(range(10, 10 + n)) and (tokens[: length - n] == 0).all()
     assert positions.tolist() == [-1] * (length - n) + list(range(n))
 
 
@@ -81,11 +79,15 @@ def test_every_stage_gives_the_uncached_greedy_tokens(params):
     ids = [5, 9, 11, 200, 17, 3, 80]
     want = uncached_greedy(params, ids, 10)
     assert len(set(want)) > 3  # the weights make a varied sequence, so the comparison means something
-    runs = [stages.naive_generate(params, ids, 5), stages.padded_generate(params, ids, 10),
-            stages.cached_generate(params, ids, 10), stages.cached_generate(params, ids, 6, jit=False),
-            stages.on_device_generate(params, ids, 10)]
+    runs = [
+        stages.naive_generate(params, ids, 5),
+        stages.padded_generate(params, ids, 10),
+        stages.cached_generate(params, ids, 10),
+        stages.cached_generate(params, ids, 6, jit=False),
+        stages.on_device_generate(params, ids, 10),
+    ]
     for r in runs:
-        assert r.tokens == want[:len(r.tokens)], r.name
+        assert r.tokens == want[: len(r.tokens)], r.name
         assert r.run_s > 0 and r.compile_s >= 0
         assert set(r.row()) >= {"stage", "tokens", "compiles", "compile s", "tokens/s"}
 
@@ -320,10 +322,12 @@ def test_nb06_references_are_filter_logits():
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(2, 30)).astype(np.float32)
     one = np.float32(1.0)
-    np.testing.assert_array_equal(nb06.reference_top_p(logits, 0.7),
-                                  filter_logits(logits, one, np.int32(0), np.float32(0.7), np.float32(0.0)))
-    np.testing.assert_array_equal(nb06.reference_min_p(logits, 0.2),
-                                  filter_logits(logits, one, np.int32(0), np.float32(1.0), np.float32(0.2)))
+    np.testing.assert_array_equal(
+        nb06.reference_top_p(logits, 0.7), filter_logits(logits, one, np.int32(0), np.float32(0.7), np.float32(0.0))
+    )
+    np.testing.assert_array_equal(
+        nb06.reference_min_p(logits, 0.2), filter_logits(logits, one, np.int32(0), np.float32(1.0), np.float32(0.2))
+    )
 
 
 # ------------------------------------------------------------------------------------ the real model
@@ -335,6 +339,9 @@ def test_stages_reproduce_the_golden_greedy_ids_on_the_real_model(smollm):
 
     row = load_golden()["prompts"][1]
     ids, gold = row["prompt_ids"], row["greedy_ids"]
-    for r in (stages.padded_generate(smollm.params, ids, 4), stages.cached_generate(smollm.params, ids, 12),
-              stages.on_device_generate(smollm.params, ids, 12)):
-        assert r.tokens == gold[:len(r.tokens)], r.name
+    for r in (
+        stages.padded_generate(smollm.params, ids, 4),
+        stages.cached_generate(smollm.params, ids, 12),
+        stages.on_device_generate(smollm.params, ids, 12),
+    ):
+        assert r.tokens == gold[: len(r.tokens)], r.name

@@ -45,7 +45,7 @@ CORPUS = [
     # code, with indentation, a blank line and a tab
     'def fib(n: int) -> int:\n    """Fibonacci."""\n    if n < 2:\n        return n\n\n'
     "    return fib(n - 1) + fib(n - 2)\n",
-    "for (int i = 0; i < 10; ++i) {\n\tprintf(\"%d\\n\", i);\n}",
+    'for (int i = 0; i < 10; ++i) {\n\tprintf("%d\\n", i);\n}',
     '{"key": [1, 2.5, null], "nested": {"a": "b"}}  # json',
     # whitespace runs, tabs, newlines
     "a  b   c    d     e",
@@ -77,7 +77,7 @@ CORPUS = [
     "<jupyter_code>print(1)<jupyter_output>1<empty_output>",
     # odd bits
     "https://example.com/path?q=1&r=two#frag",
-    "<div class=\"x\">&amp; &lt;tag&gt;</div>",
+    '<div class="x">&amp; &lt;tag&gt;</div>',
     "~!@#$%^&*()_+`-=[]\\{}|;':\",./<>?",
     "\u00a0non\u2009breaking\u3000spaces\u200bzero-width",
 ]

@@ -29,9 +29,17 @@ def _first_mismatch(got, want, atol, rtol):
     return f"at index {idx}: got {got[idx]!r}, expected {want[idx]!r} ({len(bad)} element(s) differ)"
 
 
-def check_function(yours: Callable, reference: Callable, make_inputs: Callable[[np.random.Generator], tuple],
-                   name: str = "", trials: int = 5, atol: float = 1e-5, rtol: float = 1e-5, seed: int = 0,
-                   quiet: bool = False) -> bool:
+def check_function(
+    yours: Callable,
+    reference: Callable,
+    make_inputs: Callable[[np.random.Generator], tuple],
+    name: str = "",
+    trials: int = 5,
+    atol: float = 1e-5,
+    rtol: float = 1e-5,
+    seed: int = 0,
+    quiet: bool = False,
+) -> bool:
     """Compare ``yours(*inputs)`` to ``reference(*inputs)`` on ``trials`` random inputs."""
     name = name or getattr(reference, "__name__", "exercise")
     rng = np.random.default_rng(seed)
@@ -47,7 +55,9 @@ def check_function(yours: Callable, reference: Callable, make_inputs: Callable[[
         want = reference(*inputs)
         got_leaves, want_leaves = _leaves(got), _leaves(want)
         if len(got_leaves) != len(want_leaves):
-            return _report(False, name, f"trial {trial}: returned {len(got_leaves)} value(s), expected {len(want_leaves)}", quiet)
+            return _report(
+                False, name, f"trial {trial}: returned {len(got_leaves)} value(s), expected {len(want_leaves)}", quiet
+            )
         for i, (g, w) in enumerate(zip(got_leaves, want_leaves)):
             msg = _first_mismatch(g, w, atol, rtol)
             if msg:

@@ -26,8 +26,9 @@ DEVICE_FLAG = "--xla_force_host_platform_device_count"
 def simulated_device_count(env: Mapping[str, str], timeout: float = 120.0) -> int:
     """Start a fresh Python with ``env`` and return the ``jax.device_count()`` it sees."""
     code = "import jax; print(jax.device_count())"
-    out = subprocess.run([sys.executable, "-c", code], env=dict(env), capture_output=True, text=True,
-                         timeout=timeout, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=dict(env), capture_output=True, text=True, timeout=timeout, check=True
+    )
     return int(out.stdout.strip().splitlines()[-1])
 
 
@@ -52,8 +53,11 @@ def check_device_env(device_env: Callable, run_subprocess: bool = True) -> bool:
     cases = [
         (8, {"PATH": "/usr/bin"}, []),
         (4, {"XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false"}, ["--xla_cpu_multi_thread_eigen=false"]),
-        (2, {"XLA_FLAGS": f"{DEVICE_FLAG}=8 --xla_cpu_multi_thread_eigen=false", "JAX_PLATFORMS": "tpu"},
-         ["--xla_cpu_multi_thread_eigen=false"]),
+        (
+            2,
+            {"XLA_FLAGS": f"{DEVICE_FLAG}=8 --xla_cpu_multi_thread_eigen=false", "JAX_PLATFORMS": "tpu"},
+            ["--xla_cpu_multi_thread_eigen=false"],
+        ),
     ]
     for n, base, keep in cases:
         before = dict(base)
@@ -95,7 +99,12 @@ def check_chat_ids(chat_ids: Callable, tokenizer) -> bool:
         want = item["prompt_ids"]
         if got != want:
             at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-            return _report(False, name, f"{item['prompt']!r}: {len(got)} ids vs {len(want)} expected, first "
-                           f"difference at index {at} (got {got[at:at + 3]}, expected {want[at:at + 3]})", False)
+            return _report(
+                False,
+                name,
+                f"{item['prompt']!r}: {len(got)} ids vs {len(want)} expected, first "
+                f"difference at index {at} (got {got[at : at + 3]}, expected {want[at : at + 3]})",
+                False,
+            )
     n = len(load_golden()["prompts"])
     return _report(True, name, f"{n} prompts give exactly the reference token ids", False)

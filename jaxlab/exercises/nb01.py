@@ -23,8 +23,17 @@ from ..model import Policy, RMSNorm
 from ..profile import CompileCounter
 from . import _report, check_function
 
-__all__ = ["reference_rms_norm", "scale_logits_python_if", "reference_scale_logits", "check_rms_norm",
-           "check_scale_logits", "QUIZ", "quiz_function", "run_quiz", "check_compile_count"]
+__all__ = [
+    "reference_rms_norm",
+    "scale_logits_python_if",
+    "reference_scale_logits",
+    "check_rms_norm",
+    "check_scale_logits",
+    "QUIZ",
+    "quiz_function",
+    "run_quiz",
+    "check_compile_count",
+]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -51,8 +60,9 @@ def _rms_inputs(rng: np.random.Generator):
 
 def check_rms_norm(rms_norm: Callable) -> bool:
     """Your ``rms_norm(x, w, eps)`` under ``jax.jit`` vs ``jaxlab.model.RMSNorm`` on random inputs."""
-    return check_function(jax.jit(rms_norm), reference_rms_norm, _rms_inputs, name="rms_norm",
-                          trials=6, atol=1e-5, rtol=1e-4)
+    return check_function(
+        jax.jit(rms_norm), reference_rms_norm, _rms_inputs, name="rms_norm", trials=6, atol=1e-5, rtol=1e-4
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -94,11 +104,20 @@ def check_scale_logits(scale_logits: Callable) -> bool:
     """Your ``scale_logits(logits, temperature)`` under ``jax.jit``, temperature traced: correct on both
     branches, and one compilation serves every temperature."""
     jitted = jax.jit(scale_logits)
-    ok = check_function(jitted, reference_scale_logits, _scale_inputs_factory(), name="scale_logits",
-                        trials=6, atol=1e-6, rtol=1e-6, quiet=True)
+    ok = check_function(
+        jitted,
+        reference_scale_logits,
+        _scale_inputs_factory(),
+        name="scale_logits",
+        trials=6,
+        atol=1e-6,
+        rtol=1e-6,
+        quiet=True,
+    )
     if not ok:  # rerun loudly for the message
-        return check_function(jitted, reference_scale_logits, _scale_inputs_factory(), name="scale_logits",
-                              trials=6, atol=1e-6, rtol=1e-6)
+        return check_function(
+            jitted, reference_scale_logits, _scale_inputs_factory(), name="scale_logits", trials=6, atol=1e-6, rtol=1e-6
+        )
     fresh = jax.jit(scale_logits)
     logits = jnp.ones((2, 8), jnp.float32)
     temps = [jnp.float32(t) for t in (0.5, 1.0, 0.0, 2.0)]
@@ -106,10 +125,19 @@ def check_scale_logits(scale_logits: Callable) -> bool:
         for t in temps:
             jax.block_until_ready(fresh(logits, t))
     if cc.count > 1:
-        return _report(False, "scale_logits", f"{cc.count} compilations for 4 temperatures: keep the "
-                       "temperature a traced value (no static argument, no Python branch on it)", False)
-    return _report(True, "scale_logits", "jittable, both branches match the reference, one compilation "
-                   "for every temperature", False)
+        return _report(
+            False,
+            "scale_logits",
+            f"{cc.count} compilations for 4 temperatures: keep the "
+            "temperature a traced value (no static argument, no Python branch on it)",
+            False,
+        )
+    return _report(
+        True,
+        "scale_logits",
+        "jittable, both branches match the reference, one compilation for every temperature",
+        False,
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -160,7 +188,10 @@ def check_compile_count(answer) -> bool:
     if isinstance(answer, bool) or not isinstance(answer, (int, np.integer)):
         return _report(False, "compile count", f"answer with a whole number, got {answer!r}", False)
     if int(answer) != measured:
-        hint = "too many: values never recompile, only shapes, dtypes, weak types and static arguments do" \
-            if answer > measured else "too few: look again at dtypes and at Python scalars"
+        hint = (
+            "too many: values never recompile, only shapes, dtypes, weak types and static arguments do"
+            if answer > measured
+            else "too few: look again at dtypes and at Python scalars"
+        )
         return _report(False, "compile count", f"{answer} is {hint}", False)
     return _report(True, "compile count", f"{measured} compilations, as you predicted", False)

@@ -39,8 +39,12 @@ def check_count_pairs(fn: Callable, trials: int = 20, seed: int = 0) -> bool:
         got = {tuple(k): v for k, v in got.items() if v}  # a zero count is the same as no entry
         for pair in sorted(set(got) | set(want)):
             if got.get(pair, 0) != want.get(pair, 0):
-                return _report(False, name, f"ids={ids}: pair {pair} counted {got.get(pair, 0)} time(s), "
-                                            f"expected {want.get(pair, 0)}", False)
+                return _report(
+                    False,
+                    name,
+                    f"ids={ids}: pair {pair} counted {got.get(pair, 0)} time(s), expected {want.get(pair, 0)}",
+                    False,
+                )
     return _report(True, name, f"{len(cases)} inputs match the reference", False)
 
 
@@ -74,8 +78,9 @@ def check_left_pad(fn: Callable, trials: int = 10, seed: int = 0) -> bool:
     """``fn(batch, pad_id) -> (ids [B, T], mask [B, T])``, padding on the left, mask True on real tokens."""
 
     def make_inputs(rng):
-        batch = [[int(x) for x in rng.integers(3, 100, size=int(rng.integers(1, 7)))]
-                 for _ in range(int(rng.integers(1, 5)))]
+        batch = [
+            [int(x) for x in rng.integers(3, 100, size=int(rng.integers(1, 7)))] for _ in range(int(rng.integers(1, 5)))
+        ]
         return batch, int(rng.integers(0, 3))
 
     def reference(batch, pad_id):

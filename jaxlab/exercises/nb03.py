@@ -7,8 +7,8 @@ from typing import Callable
 import jax.numpy as jnp
 import numpy as np
 
-from . import check_function
 from ..model import Policy, RMSNorm, apply_rope, rope_cos_sin
+from . import check_function
 
 
 def reference_rmsnorm(x, weight, eps):
@@ -27,8 +27,9 @@ def _rmsnorm_inputs(rng: np.random.Generator):
 
 def check_rmsnorm(my_rmsnorm: Callable, trials: int = 5) -> bool:
     """``my_rmsnorm(x [..., D], weight [D], eps) -> [..., D]`` against :class:`jaxlab.model.RMSNorm`."""
-    return check_function(my_rmsnorm, reference_rmsnorm, _rmsnorm_inputs, name="rmsnorm", trials=trials,
-                          atol=1e-5, rtol=1e-4)
+    return check_function(
+        my_rmsnorm, reference_rmsnorm, _rmsnorm_inputs, name="rmsnorm", trials=trials, atol=1e-5, rtol=1e-4
+    )
 
 
 def _rope_inputs(rng: np.random.Generator):
@@ -43,5 +44,6 @@ def _rope_inputs(rng: np.random.Generator):
 def check_rope(my_apply_rope: Callable, trials: int = 5) -> bool:
     """``my_apply_rope(x [B, T, H, d], cos [B, T, d], sin [B, T, d]) -> [B, T, H, d]`` against
     :func:`jaxlab.model.apply_rope` ("rotate half" layout)."""
-    return check_function(my_apply_rope, apply_rope, _rope_inputs, name="apply_rope", trials=trials,
-                          atol=1e-5, rtol=1e-5)
+    return check_function(
+        my_apply_rope, apply_rope, _rope_inputs, name="apply_rope", trials=trials, atol=1e-5, rtol=1e-5
+    )

@@ -41,8 +41,10 @@ def _tiny_params():
     # Random weights drawn with numpy (no per-op compiles), large enough that greedy tokens vary from
     # step to step instead of repeating one id.
     cfg, rng = tiny(), np.random.default_rng(0)
-    flat = {name: (rng.normal(0.0, 0.2, shape) if len(shape) > 1 else 1.0 + rng.normal(0.0, 0.1, shape)).astype(np.float32)
-            for name, shape in param_shapes(cfg).items()}
+    flat = {
+        name: (rng.normal(0.0, 0.2, shape) if len(shape) > 1 else 1.0 + rng.normal(0.0, 0.1, shape)).astype(np.float32)
+        for name, shape in param_shapes(cfg).items()
+    }
     return params_from_flat(cfg, flat)
 
 
@@ -63,8 +65,9 @@ def _prefilled(rng):
 
     params = _tiny_params()
     cfg = params.config
-    prompts = [rng.integers(3, cfg.vocab_size, size=int(rng.integers(1, PROMPT_COLUMNS + 1))).tolist()
-               for _ in range(BATCH)]
+    prompts = [
+        rng.integers(3, cfg.vocab_size, size=int(rng.integers(1, PROMPT_COLUMNS + 1))).tolist() for _ in range(BATCH)
+    ]
     tokens, positions = left_pad(prompts, cfg.pad_id, PROMPT_COLUMNS)
     cache = init_cache(cfg, BATCH, PROMPT_COLUMNS + ROLL_STEPS)
     first, cache = _jit_prefill()(params, jnp.asarray(tokens), jnp.asarray(positions), cache)

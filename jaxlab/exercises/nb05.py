@@ -7,9 +7,9 @@ from typing import Callable
 import jax.numpy as jnp
 import numpy as np
 
-from . import check_function
-from ..config import LlamaConfig
 from ..anatomy import cache_bytes, write_kv
+from ..config import LlamaConfig
+from . import check_function
 
 ITEMSIZE_DTYPE = {2: jnp.bfloat16, 4: jnp.float32}
 
@@ -29,14 +29,21 @@ def _update_inputs(rng: np.random.Generator):
 def check_cache_update(my_cache_update: Callable, trials: int = 5) -> bool:
     """``my_cache_update(cache, new, index, axis) -> cache`` with ``new`` written at slots
     ``index .. index + T - 1`` along ``axis``, against :func:`jaxlab.anatomy.write_kv` (the model's write)."""
-    return check_function(my_cache_update, write_kv, _update_inputs, name="cache update", trials=trials,
-                          atol=0, rtol=0)
+    return check_function(my_cache_update, write_kv, _update_inputs, name="cache update", trials=trials, atol=0, rtol=0)
 
 
 def _bytes_inputs(rng: np.random.Generator):
     kv = int(rng.integers(1, 5))
-    cfg = LlamaConfig(vocab_size=64, dim=32, n_layers=int(rng.integers(1, 40)), n_heads=kv * int(rng.integers(1, 5)),
-                      n_kv_heads=kv, head_dim=int(rng.choice([32, 64, 80, 128])), ffn_dim=64, name="random")
+    cfg = LlamaConfig(
+        vocab_size=64,
+        dim=32,
+        n_layers=int(rng.integers(1, 40)),
+        n_heads=kv * int(rng.integers(1, 5)),
+        n_kv_heads=kv,
+        head_dim=int(rng.choice([32, 64, 80, 128])),
+        ffn_dim=64,
+        name="random",
+    )
     return cfg, int(rng.integers(1, 9)), int(rng.integers(1, 9000)), int(rng.choice([2, 4]))
 
 
@@ -49,6 +56,10 @@ def check_kv_cache_bytes(my_kv_cache_bytes: Callable, trials: int = 5) -> bool:
     """``my_kv_cache_bytes(cfg, batch, slots, itemsize) -> int`` against the bytes of a real
     :class:`jaxlab.KVCache` of that size."""
     # compared as 1-element arrays: a scalar mismatch must show up as an element that differs
-    return check_function(lambda *a: np.atleast_1d(my_kv_cache_bytes(*a)),
-                         lambda *a: np.atleast_1d(reference_kv_cache_bytes(*a)),
-                         _bytes_inputs, name="KV cache bytes", trials=trials)
+    return check_function(
+        lambda *a: np.atleast_1d(my_kv_cache_bytes(*a)),
+        lambda *a: np.atleast_1d(reference_kv_cache_bytes(*a)),
+        _bytes_inputs,
+        name="KV cache bytes",
+        trials=trials,
+    )

@@ -14,7 +14,6 @@ import numpy as np
 
 from . import check_function
 
-
 SHAPE = (4, 50)  # one shape for every trial: eager JAX compiles each operation once per shape
 
 
@@ -30,18 +29,32 @@ def _filter():
 
 
 def reference_top_p(logits, top_p):
-    return np.asarray(_filter()(np.asarray(logits, np.float32), np.float32(1.0), np.int32(0), np.float32(top_p), np.float32(0.0)))
+    return np.asarray(
+        _filter()(np.asarray(logits, np.float32), np.float32(1.0), np.int32(0), np.float32(top_p), np.float32(0.0))
+    )
 
 
 def reference_min_p(logits, min_p):
-    return np.asarray(_filter()(np.asarray(logits, np.float32), np.float32(1.0), np.int32(0), np.float32(1.0), np.float32(min_p)))
+    return np.asarray(
+        _filter()(np.asarray(logits, np.float32), np.float32(1.0), np.int32(0), np.float32(1.0), np.float32(min_p))
+    )
 
 
 def check_top_p(fn, trials: int = 8) -> bool:
-    return check_function(fn, reference_top_p, lambda rng: (_logits(rng), float(rng.uniform(0.2, 0.95))),
-                          name="top-p filter", trials=trials)
+    return check_function(
+        fn,
+        reference_top_p,
+        lambda rng: (_logits(rng), float(rng.uniform(0.2, 0.95))),
+        name="top-p filter",
+        trials=trials,
+    )
 
 
 def check_min_p(fn, trials: int = 8) -> bool:
-    return check_function(fn, reference_min_p, lambda rng: (_logits(rng), float(rng.uniform(0.02, 0.6))),
-                          name="min-p filter", trials=trials)
+    return check_function(
+        fn,
+        reference_min_p,
+        lambda rng: (_logits(rng), float(rng.uniform(0.02, 0.6))),
+        name="min-p filter",
+        trials=trials,
+    )

@@ -42,8 +42,12 @@ def check_time_bound(fn, trials: int = 8) -> bool:
         return Roofline(bandwidth, peak_flops).time_bound(flops, nbytes)
 
     def make_inputs(rng):  # both memory-bound and compute-bound cases
-        return (float(10 ** rng.uniform(10, 12.5)), float(10 ** rng.uniform(11, 15)),
-                float(10 ** rng.uniform(6, 13)), float(10 ** rng.uniform(6, 10)))
+        return (
+            float(10 ** rng.uniform(10, 12.5)),
+            float(10 ** rng.uniform(11, 15)),
+            float(10 ** rng.uniform(6, 13)),
+            float(10 ** rng.uniform(6, 10)),
+        )
 
     return check_function(fn, reference, make_inputs, name="roofline time bound", trials=trials, rtol=1e-6, atol=0)
 
@@ -86,6 +90,11 @@ def check_compile_then_run(fn) -> bool:
     if cc.count != 1:
         return _report(False, name, f"the program was compiled {cc.count} times, expected once", False)
     if len(runs) != 1:
-        return _report(False, name, f"the program ran {len(runs)} times, expected once: compile with "
-                                    "jitted.lower(*args).compile() (which does not run it), then call the result", False)
+        return _report(
+            False,
+            name,
+            f"the program ran {len(runs)} times, expected once: compile with "
+            "jitted.lower(*args).compile() (which does not run it), then call the result",
+            False,
+        )
     return _report(True, name, "compiled once ahead of time, ran once, right output", False)

@@ -81,8 +81,9 @@ def check_tp_mlp_partials(fn, trials: int = 5) -> bool:
         g = lambda *s: rng.normal(size=s)  # noqa: E731
         return g(t, d), g(d, f), g(d, f), g(f, d), n
 
-    return check_function(fn, tp_mlp_partials, make_inputs, name="tensor-parallel MLP partial sums", trials=trials,
-                          atol=1e-9, rtol=1e-9)
+    return check_function(
+        fn, tp_mlp_partials, make_inputs, name="tensor-parallel MLP partial sums", trials=trials, atol=1e-9, rtol=1e-9
+    )
 
 
 def pad_attention(wq, wk, wv, wo, n_heads, n_kv_heads, head_dim, model):

@@ -57,8 +57,15 @@ def _int8_output(result):
 
 
 def check_quantize_int8(fn, trials: int = 8) -> bool:
-    return check_function(lambda w: _int8_output(fn(w.copy())), reference_quantize_int8, _int8_inputs,
-                          name="per-channel int8 weights", trials=trials, atol=0.0, rtol=1e-6)
+    return check_function(
+        lambda w: _int8_output(fn(w.copy())),
+        reference_quantize_int8,
+        _int8_inputs,
+        name="per-channel int8 weights",
+        trials=trials,
+        atol=0.0,
+        rtol=1e-6,
+    )
 
 
 # -- 2. two 4-bit codes per byte ------------------------------------------------------------------
@@ -91,11 +98,20 @@ def _u8(x):
 
 def check_pack_int4(pack, unpack, trials: int = 8) -> bool:
     """Both directions; ``unpack`` must undo ``pack``. Prints a line for each."""
-    ok_pack = check_function(lambda c: _u8(pack(c.copy())), reference_pack_int4, _codes_inputs,
-                             name="int4 packing (two codes per byte)", trials=trials)
-    ok_unpack = check_function(lambda p: np.asarray(unpack(p.copy())).astype(np.int64),
-                               lambda p: reference_unpack_int4(p).astype(np.int64), _packed_inputs,
-                               name="int4 unpacking", trials=trials)
+    ok_pack = check_function(
+        lambda c: _u8(pack(c.copy())),
+        reference_pack_int4,
+        _codes_inputs,
+        name="int4 packing (two codes per byte)",
+        trials=trials,
+    )
+    ok_unpack = check_function(
+        lambda p: np.asarray(unpack(p.copy())).astype(np.int64),
+        lambda p: reference_unpack_int4(p).astype(np.int64),
+        _packed_inputs,
+        name="int4 unpacking",
+        trials=trials,
+    )
     return ok_pack and ok_unpack
 
 
@@ -119,6 +135,12 @@ def _w8a8_inputs(rng):
 
 
 def check_w8a8_matmul(fn, trials: int = 8) -> bool:
-    return check_function(lambda x, q, s: np.asarray(fn(x.copy(), q.copy(), s.copy()), np.float32),
-                          reference_w8a8_matmul, _w8a8_inputs, name="W8A8 matmul (per-token int8 activations)",
-                          trials=trials, atol=1e-12, rtol=1e-5)
+    return check_function(
+        lambda x, q, s: np.asarray(fn(x.copy(), q.copy(), s.copy()), np.float32),
+        reference_w8a8_matmul,
+        _w8a8_inputs,
+        name="W8A8 matmul (per-token int8 activations)",
+        trials=trials,
+        atol=1e-12,
+        rtol=1e-5,
+    )

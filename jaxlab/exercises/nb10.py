@@ -33,8 +33,13 @@ def _ngram_inputs(rng):
 
 
 def check_ngram(fn, trials: int = 20) -> bool:
-    return check_function(lambda ctx, k: _as_ids(fn(list(ctx), k)), reference_ngram, _ngram_inputs,
-                          name="n-gram (prompt lookup) drafter", trials=trials)
+    return check_function(
+        lambda ctx, k: _as_ids(fn(list(ctx), k)),
+        reference_ngram,
+        _ngram_inputs,
+        name="n-gram (prompt lookup) drafter",
+        trials=trials,
+    )
 
 
 def reference_accepted_count(drafts, target):
@@ -51,9 +56,13 @@ def _count_inputs(rng):
 
 
 def check_accepted_count(fn, trials: int = 10) -> bool:
-    return check_function(lambda d, t: np.asarray(fn(d, t)).astype(np.int64),
-                          lambda d, t: reference_accepted_count(d, t).astype(np.int64), _count_inputs,
-                          name="accepted-draft count", trials=trials)
+    return check_function(
+        lambda d, t: np.asarray(fn(d, t)).astype(np.int64),
+        lambda d, t: reference_accepted_count(d, t).astype(np.int64),
+        _count_inputs,
+        name="accepted-draft count",
+        trials=trials,
+    )
 
 
 def reference_residual(p, q):
@@ -69,5 +78,6 @@ def _residual_inputs(rng):
 
 
 def check_residual(fn, trials: int = 8) -> bool:
-    return check_function(fn, reference_residual, _residual_inputs, name="residual distribution", trials=trials,
-                          atol=1e-5, rtol=1e-4)
+    return check_function(
+        fn, reference_residual, _residual_inputs, name="residual distribution", trials=trials, atol=1e-5, rtol=1e-4
+    )

@@ -131,7 +131,9 @@ def open_gguf(path: str | os.PathLike) -> GGUFFile:
             f"{path} is truncated: tensor {e.name} needs bytes up to {e.end}, the file has {size}; fetch it again"
         ) from None
     except Exception as e:
-        raise ModelFileError(f"{path} is truncated or corrupt: the GGUF header cannot be read ({type(e).__name__}: {e})") from None
+        raise ModelFileError(
+            f"{path} is truncated or corrupt: the GGUF header cannot be read ({type(e).__name__}: {e})"
+        ) from None
     for t in reader.tensors:
         end = int(t.data_offset) + int(t.n_bytes)
         if end > size or t.data.nbytes != t.n_bytes:

@@ -56,7 +56,7 @@ def _mapping(cfg: LlamaConfig) -> list[tuple[str, str, bool]]:
 
 
 def _looks_like_repo_id(s: str) -> bool:
-    """"org/name" (or "name"): no leading ./ ~ /, no backslash, at most one slash."""
+    """ "org/name" (or "name"): no leading ./ ~ /, no backslash, at most one slash."""
     return bool(s) and not s.startswith((".", "/", "~")) and "\\" not in s and s.count("/") <= 1
 
 
@@ -181,7 +181,9 @@ class _Reader:
                 self._open[file] = safe_open(str(file), framework="numpy")
             arr = self._open[file].get_tensor(name)
         except Exception as e:
-            raise ModelFileError(f"{file}: tensor {name} cannot be read ({type(e).__name__}: {e}); the file is corrupt") from None
+            raise ModelFileError(
+                f"{file}: tensor {name} cannot be read ({type(e).__name__}: {e}); the file is corrupt"
+            ) from None
         if arr.dtype.name not in _FLOAT_DTYPES:
             raise ModelFileError(
                 f"{file}: tensor {name} has dtype {arr.dtype.name}; jaxlab reads {', '.join(_FLOAT_DTYPES)} checkpoints"

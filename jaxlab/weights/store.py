@@ -38,8 +38,11 @@ def save(path: Path, cfg: LlamaConfig, flat: dict[str, np.ndarray]) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".partial")
-    save_file({k: np.ascontiguousarray(v, np.float32) for k, v in flat.items()}, str(tmp),
-              metadata={"config": json.dumps(asdict(cfg))})
+    save_file(
+        {k: np.ascontiguousarray(v, np.float32) for k, v in flat.items()},
+        str(tmp),
+        metadata={"config": json.dumps(asdict(cfg))},
+    )
     os.replace(tmp, path)
 
 
