@@ -145,7 +145,7 @@ def run(
                 p.wait()
     reports = []
     for out in outputs:
-        line = next((l for l in reversed(out.splitlines()) if l.startswith("{")), None)
+        line = next((ln for ln in reversed(out.splitlines()) if ln.startswith("{")), None)
         if line is None:
             raise DistributedError(f"a worker printed no report:\n{out[-3000:]}")
         reports.append(json.loads(line))

@@ -20,7 +20,7 @@ def run_cli(*args, **kw):
 
 
 def one_clean_line(err: str):
-    lines = [l for l in err.splitlines() if l.strip()]
+    lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1, f"expected one line on stderr, got:\n{err}"
     assert "Traceback" not in err
     return lines[0]
@@ -34,7 +34,7 @@ def test_generate_paris(gguf_path):
 
 def test_generate_json_batch(gguf_path, smollm, capsys):
     assert main(["generate", "--json", "--max-new-tokens", "6", "--ignore-eos", "Hi", "Name a color."]) == 0
-    rows = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
+    rows = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
     assert [r["prompt"] for r in rows] == ["Hi", "Name a color."]
     for r in rows:
         for key in ("prompt_ids", "generated_ids", "text", "prefill_seconds", "decode_seconds", "compile_seconds"):

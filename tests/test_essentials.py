@@ -251,11 +251,10 @@ def test_check_chat_ids(sol00, gguf_path, capsys):
     assert "PASS: chat_ids: 6 prompts" in capsys.readouterr().out
     assert not nb00.check_chat_ids(_not_implemented, tok)
     assert not nb00.check_chat_ids(lambda t, q: t.encode(q), tok)  # no template
-    no_prompt = lambda t, q: t.apply_chat_template(
-        [{"role": "user", "content": q}],
-        add_generation_prompt=False,  # noqa: E731
-        tokenize=True,
-    )
+
+    def no_prompt(t, q):
+        return t.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=False, tokenize=True)
+
     assert not nb00.check_chat_ids(no_prompt, tok)
     out = capsys.readouterr().out
     assert "not implemented yet" in out and out.count("FAIL") == 3

@@ -128,7 +128,10 @@ def test_sampling_reproducible_and_seed_dependent(tiny_params):
 def test_filters():
     logits = jnp.log(jnp.asarray([[0.5, 0.2, 0.15, 0.1, 0.05]]))
     one = jnp.float32(1.0)
-    kept = lambda f: (np.asarray(f[0]) > -np.inf).tolist()
+
+    def kept(f):
+        return (np.asarray(f[0]) > -np.inf).tolist()
+
     assert kept(filter_logits(logits, one, 2, 1.0, 0.0)) == [True, True, False, False, False]
     assert kept(filter_logits(logits, one, 0, 0.7, 0.0)) == [True, True, False, False, False]
     assert kept(filter_logits(logits, one, 0, 0.71, 0.0)) == [True, True, True, False, False]
