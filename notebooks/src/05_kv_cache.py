@@ -78,8 +78,12 @@ print("prefill logits", logits.shape, "| cache.index", int(cache.index), "| slot
 first = int(jnp.argmax(logits[0, -1]))
 step_logits, cache = decode_step(params, jnp.asarray([[first]]), jnp.asarray([[len(prompt)]]), cache)
 print("decode logits", step_logits.shape, "| cache.index", int(cache.index), "| slots filled:", int((cache.pos >= 0).sum()))
-_ = verdict("The KV cache is passed in and out explicitly, so jax.jit can trace a step into a graph", True,
-            "prefill and decode are jitted functions (params, tokens, positions, cache) -> (logits, cache)")
+jitted = all(hasattr(f, "lower") for f in (prefill, decode_step))  # jax.jit-wrapped: each traces to one program
+advanced = int(cache.index) == len(prompt) + 1  # the cache came back out of both calls, one slot per token
+_ = verdict("The KV cache is passed in and out explicitly, so jax.jit can trace a step into a graph",
+            jitted and advanced,
+            "prefill and decode are jitted functions (params, tokens, positions, cache) -> (logits, cache)"
+            if jitted and advanced else f"jitted: {jitted}; cache advanced by prompt + 1 slots: {advanced}")
 
 # %% [markdown]
 # The same two functions make a greedy generation: `greedy_with_cache` prefills and then loops over
