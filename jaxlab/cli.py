@@ -396,7 +396,7 @@ def info() -> dict:
     import jax
 
     from . import assets, compile_cache, hardware
-    from .model import default_policy
+    from .model import backend_numerics, default_policy
     from .sharding import describe_mesh
 
     versions = {}
@@ -442,6 +442,7 @@ def info() -> dict:
         },
         "peaks": hardware.describe_peaks(chip, kind),
         "fallback": hardware.fallback_note(backend),  # on the CPU while the machine has an accelerator: why
+        "numerics": backend_numerics(),  # what dtype="auto" (the default of load() and --dtype) means here
         "matmul_precision": {
             "float32": pol.precision,
             "bfloat16": default_policy("bfloat16").precision,
@@ -467,6 +468,8 @@ def format_info(d: dict) -> str:
         lines.append(f"  NOTE          {d['fallback']}")
     lines.append(f"  chip          {d['device_kind']}")
     lines.append(f"  peaks         {d['peaks']}")
+    nd = d["numerics"]
+    lines.append(f"  default dtype {nd['dtype']}, matmul precision {nd['precision']} ({nd['reason']})")
     mp = d["matmul_precision"]
     lines.append(f"  matmul prec.  float32 -> {mp['float32']}, bfloat16 -> {mp['bfloat16']} (passed to every matmul)")
     lines.append(f"  model         {d['model']}")

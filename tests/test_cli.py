@@ -166,10 +166,12 @@ def test_info(capsys):
     assert d["matmul_precision"]["float32"] == "highest"
     assert d["device_kind"] == "cpu" and d["chip"] is None
     assert d["peaks"] == "CPU: no published peak; see `jaxlab bench` for measured ceilings"
+    assert (d["numerics"]["dtype"], d["numerics"]["precision"]) == ("float32", "highest")
 
 
 def test_info_prints_the_chip_and_its_peaks(capsys, monkeypatch):
     from jaxlab import cli, hardware
+    from jaxlab.model import backend_numerics
 
     assert main(["info"]) == 0
     out = capsys.readouterr().out
@@ -183,8 +185,10 @@ def test_info_prints_the_chip_and_its_peaks(capsys, monkeypatch):
         peaks=hardware.describe_peaks(chip),
         fallback=hardware.fallback_note("cpu", "tpu", {}),
     )
+    d["numerics"] = backend_numerics("tpu")
     text = cli.format_info(d)
     assert "chip          TPU v5 lite" in text and "197 TFLOP/s bfloat16" in text
+    assert "default dtype bfloat16, matmul precision default (TPU: bfloat16" in text
     assert "NOTE" in text and "CPU figures" in text
 
 
