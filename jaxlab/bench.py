@@ -1021,6 +1021,7 @@ def run_bench(opts: dict, log=None) -> dict:
     row0 = rows_all[0]
     cache_len = bucket(P + N, CACHE_BUCKETS)
     dev = jax.devices()[0]
+    chip = hardware.chip_for(dev.device_kind)  # None on a CPU or a chip without published peaks
     persistent = jax.config.jax_compilation_cache_dir
 
     log(f"compute ceiling: {opts['matmul_n']}x{opts['matmul_n']} float32 matmul")
@@ -1082,7 +1083,7 @@ def run_bench(opts: dict, log=None) -> dict:
         "device_kind": dev.device_kind,
         "cpu": _cpu_name(),
         "python": platform.python_version(),
-        "chip": hardware.describe_peaks(hardware.chip_for(dev.device_kind), dev.device_kind),
+        "chip": hardware.describe_peaks(chip, dev.device_kind),
         "threads": _threads_info(peer is not None),
         "load_average_start": os.getloadavg(),
         "persistent_compile_cache": persistent,
@@ -1133,7 +1134,7 @@ def run_bench(opts: dict, log=None) -> dict:
         "ridge_flop_per_byte": max(peaks) / max(bws),
         "matmul_bf16_flops_per_s": max(peaks_bf16),
         "matmul_bf16_samples": peaks_bf16,
-        "published": published_peaks(hardware.chip_for(dev.device_kind)),
+        "published": published_peaks(chip),
         "method": "each sample is the best of max(3, reps) synchronized runs; samples are taken at the start, after "
         "the compile warm-up and at the end of the run, and the ceiling is the largest (the best this machine "
         "showed during the run); bandwidth = (read + write bytes) / time of a donated x + 1 over float32 x; "

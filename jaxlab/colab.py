@@ -151,16 +151,17 @@ def detect_runtime(env: dict | None = None) -> str:
 
 
 def requirement_name(spec: str) -> str:
-    """``"flax==0.12.8"`` -> ``"flax"``, normalized (lower case, ``_`` -> ``-``)."""
-    return re.split(r"[\s\[<>=!~;]", spec.strip(), maxsplit=1)[0].lower().replace("_", "-")
+    """``"flax==0.12.8"`` -> ``"flax"``, normalized as PyPI does (lower case, runs of ``-_.`` -> ``-``)."""
+    return re.sub(r"[-_.]+", "-", re.split(r"[\s\[<>=!~;]", spec.strip(), maxsplit=1)[0]).lower()
 
 
 def pins(specs) -> dict[str, str]:
-    """``{name: version}`` of ``name==version`` lines (comments and blank lines skipped)."""
+    """``{name: version}`` of ``name==version`` lines: requirements, constraints, or environment.yml's
+    ``- name==version`` (comments, blank lines and other lines skipped)."""
     out = {}
     for line in specs:
         line = line.split("#", 1)[0].strip()
-        m = re.fullmatch(r"([A-Za-z0-9_.\-]+)\s*==\s*([^\s;]+)", line)
+        m = re.fullmatch(r"(?:-\s+)?([A-Za-z0-9_.\-]+)\s*==\s*([^\s;]+)", line)
         if m:
             out[requirement_name(m.group(1))] = m.group(2)
     return out

@@ -29,8 +29,8 @@ have to measure the right thing. Each piece exists for a reason:
 * **Compare against the hardware limit.** A time alone says little; a time
   against what the chip *could* do says everything. :func:`measure_bandwidth`
   and :func:`measure_matmul_flops` (float32 or bfloat16) measure this machine's
-  two ceilings, :meth:`Roofline.published` takes an accelerator's datasheet
-  peaks (:mod:`jaxlab.hardware`) to set beside them, and
+  two ceilings (an accelerator's datasheet peaks, :mod:`jaxlab.hardware`, are
+  set beside them in ``jaxlab bench``), and
   :class:`Roofline` turns (flops, bytes, seconds) into "x% of the bound" and
   says whether a kernel is memory- or compute-bound (decode is memory-bound:
   every generated token reads all the weights).
@@ -616,14 +616,6 @@ class Roofline:
     def measure(cls, nbytes: int = 1 << 30, n: int = 2048, repeats: int = 3) -> Roofline:
         """Measure both ceilings on the default device."""
         return cls(measure_bandwidth(nbytes, repeats), measure_matmul_flops(n, repeats=repeats))
-
-    @classmethod
-    def published(cls, chip: Any, per_device: bool = True) -> Roofline:
-        """The roofline of a chip's published peaks (a :class:`jaxlab.hardware.Chip`): per jax device by
-        default (half a chip on TPU v2/v3), else per chip."""
-        if per_device:
-            return cls(chip.device_bandwidth, chip.device_peak_flops)
-        return cls(chip.hbm_bandwidth, chip.peak_flops)
 
     @property
     def ridge(self) -> float:

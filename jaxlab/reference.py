@@ -27,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .assets import data_dir
+from .assets import data_dir, data_file
 
 GOLDEN_DIR = data_dir() / "reference"
 GOLDEN_FILE = GOLDEN_DIR / "smollm2_135m.json"
@@ -152,14 +152,15 @@ def write_golden(data: dict, path: Path = GOLDEN_FILE) -> Path:
     return path
 
 
-def load_golden(path: Path = GOLDEN_FILE) -> dict:
-    if not Path(path).exists():
+def load_golden(path: Path | None = None) -> dict:
+    """The golden file: ``path``, or ``reference/smollm2_135m.json`` of jaxlab's data (the wheel's, a clone's,
+    or ``$JAXLAB_DATA``; a missing file is an :class:`~jaxlab.errors.AssetError` that says what to do)."""
+    if path is None:
+        path = data_file("reference", GOLDEN_FILE.name)
+    elif not Path(path).exists():
         from .errors import AssetError
 
-        raise AssetError(
-            f"golden reference file {path} not found: it lives in the repository's data/ folder; "
-            "run from a clone, or set JAXLAB_DATA to a clone's data/ folder"
-        )
+        raise AssetError(f"golden reference file {path} not found")
     return json.loads(Path(path).read_text())
 
 

@@ -52,12 +52,18 @@ def header(name: str, settings: dict | None = None) -> tuple[str, str]:
     return colab.badge(settings["repository"], name) + "\n\n", colab.setup_cell(settings)
 
 
+def header_cells(nb: nbformat.NotebookNode, name: str = "notebook") -> tuple:
+    """(title cell with the badge, Colab set-up cell): the first two cells of a built notebook."""
+    title, setup = nb.cells[0], nb.cells[1]
+    assert title.cell_type == "markdown" and BADGE.match(title.source), f"{name}: first cell is not the badge"
+    assert setup.cell_type == "code" and "google.colab" in setup.source, f"{name}: second cell is not the set-up"
+    return title, setup
+
+
 def source_text(nb: nbformat.NotebookNode) -> str:
     """A notebook's source: its cells without the header, outputs and metadata other than tags."""
     nb = copy.deepcopy(nb)
-    title, setup = nb.cells[0], nb.cells[1]
-    assert title.cell_type == "markdown" and BADGE.match(title.source), "first cell: the badge and the title"
-    assert setup.cell_type == "code" and "google.colab" in setup.source, "second cell: the Colab set-up"
+    title, _ = header_cells(nb)
     title.source = BADGE.sub("", title.source, count=1)
     del nb.cells[1]
     for cell in nb.cells:
@@ -98,9 +104,7 @@ def refresh_header(path: Path, settings: dict | None = None) -> bool:
     """Rewrite the badge and the set-up cell of an existing notebook; -> whether anything changed."""
     nb = nbformat.read(path, as_version=4)
     badge, setup = header(path.name, settings)
-    title, cell = nb.cells[0], nb.cells[1]
-    assert title.cell_type == "markdown" and BADGE.match(title.source), f"{path.name}: first cell is not the badge"
-    assert cell.cell_type == "code" and "google.colab" in cell.source, f"{path.name}: second cell is not the set-up"
+    title, cell = header_cells(nb, path.name)
     new_title = BADGE.sub(lambda _: badge, title.source, count=1)
     tags = cell.metadata.get("tags", [])
     if (new_title, setup) == (title.source, cell.source) and SETUP_TAG in tags:

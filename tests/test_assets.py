@@ -67,4 +67,6 @@ def test_data_dir_follows_jaxlab_data(monkeypatch, tmp_path):
     monkeypatch.setenv("JAXLAB_DATA", str(tmp_path))
     assert assets.data_dir() == tmp_path
     with pytest.raises(errors.AssetError, match="JAXLAB_DATA"):
+        reference.load_golden()  # found through JAXLAB_DATA, which holds no golden file
+    with pytest.raises(errors.AssetError, match="not found"):
         reference.load_golden(tmp_path / "reference" / "smollm2_135m.json")

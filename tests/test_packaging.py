@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-import re
 import tomllib
 from pathlib import Path
 
+from jaxlab.colab import pins
+from jaxlab.colab import requirement_name as norm
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def pins(lines):
-    out = {}
-    for line in lines:
-        m = re.match(r"^\s*-?\s*([A-Za-z0-9_.\-]+)==([^\s;#]+)", line)
-        if m:
-            out[norm(m.group(1))] = m.group(2)
-    return out
 
 
 def project_pins():
@@ -76,8 +65,8 @@ def test_make_lab_installs_the_lab_without_the_reference(tmp_path):
     assert '-e ".[lab,test]"' in dry(f"{tmp_path}/v/.jaxlab-test")
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     heavy = {"torch", "transformers", "accelerate"}
-    assert heavy <= {norm(r.split("==")[0]) for r in data["optional-dependencies"]["test"]}
-    assert not heavy & {norm(r.split("==")[0]) for r in data["dependencies"] + data["optional-dependencies"]["lab"]}
+    assert heavy <= {norm(r) for r in data["optional-dependencies"]["test"]}
+    assert not heavy & {norm(r) for r in data["dependencies"] + data["optional-dependencies"]["lab"]}
     accel = subprocess.run(
         ["make", "-n", "-B", f"VENV={tmp_path}/v", "ACCEL=tpu", f"{tmp_path}/v/.jaxlab-lab-tpu"],
         cwd=ROOT,
