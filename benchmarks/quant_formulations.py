@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxlab import quant
-from jaxlab.quantlab import interleaved_medians
+from jaxlab.lab.quantlab import interleaved_medians
 
 HI = jax.lax.Precision.HIGHEST
 D, F, KV, V, L = 576, 1536, 192, 49152, 30
@@ -60,7 +60,7 @@ def attention(q, k, v, ks=None, vs=None):
     if ks is None:
         p = jax.nn.softmax(jnp.einsum("nqd,nsd->nqs", q, k, precision=HI), -1)
         return jnp.einsum("nqs,nds->nqd", p, v, precision=HI)
-    from jaxlab.model import _int8_bmm
+    from jaxlab.engine.model import _int8_bmm
 
     p = jax.nn.softmax(_int8_bmm(q, k, 2) * ks[:, None], -1)
     return _int8_bmm(p * vs[:, None], v, 2)
@@ -121,7 +121,7 @@ def main(argv=None):
 
 
 def quant_kv(x, axis):
-    from jaxlab.kvcache import quantize_kv
+    from jaxlab.engine.kvcache import quantize_kv
 
     return quantize_kv(x, axis)
 

@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlab import forward, init_cache, loading, quant
+from jaxlab import forward, init_cache, quant
+from jaxlab.engine import loading
 
 W, N = 256, 8
 

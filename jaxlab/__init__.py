@@ -7,13 +7,13 @@ below it -> ``generate`` (prefill + decode, ``sampling``) -> the faces: ``cli``,
 Beside the flow: ``profile`` (timing, compile counting, roofline), ``reference`` (transformers parity).
 """
 
-from .config import LlamaConfig, smollm2_135m, smollm2_360m, tiny
-from .errors import AssetError, ConfigError, InvalidRequestError, JaxlabError, ModelFileError, PromptTooLongError
-from .generate import GenerationResult, Generator, decode_on_device
-from .kvcache import KVCache, init_cache
-from .loading import Model, load
-from .model import Llama, Params, Policy, default_policy, forward, init_params
-from .sampling import SamplingParams
+from jaxlab.engine.config import LlamaConfig, smollm2_135m, smollm2_360m, tiny
+from jaxlab.engine.generate import GenerationResult, Generator, decode_on_device
+from jaxlab.engine.kvcache import KVCache, init_cache
+from jaxlab.engine.loading import Model, load
+from jaxlab.engine.model import Llama, Params, Policy, default_policy, forward, init_params
+from jaxlab.engine.sampling import SamplingParams
+from jaxlab.errors import AssetError, ConfigError, InvalidRequestError, JaxlabError, ModelFileError, PromptTooLongError
 
 __version__ = "0.1.0"
 

@@ -12,8 +12,8 @@ import os
 import sys
 import time
 
-from .errors import InvalidRequestError, JaxlabError
-from .quant import DEFAULT_GROUP, FORMATS, KV_FORMATS
+from jaxlab.errors import InvalidRequestError, JaxlabError
+from jaxlab.quant import DEFAULT_GROUP, FORMATS, KV_FORMATS
 
 EXIT_USER_ERROR = 1
 EXIT_USAGE = 2
@@ -111,14 +111,14 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--model", default="smollm2-135m")
 
     b = sub.add_parser("bench", help="measure prefill/decode speed against the roofline and transformers")
-    from . import bench
+    from jaxlab import bench
 
     bench.add_arguments(b)
     return p
 
 
 def _sampling(args):
-    from .sampling import SamplingParams
+    from jaxlab.engine.sampling import SamplingParams
 
     if args.max_new_tokens < 1:
         raise InvalidRequestError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
@@ -126,24 +126,24 @@ def _sampling(args):
 
 
 def _check_dtype(dtype):
-    from .config import DTYPES
+    from jaxlab.engine.config import DTYPES
 
     if dtype != "auto" and dtype not in DTYPES:
         raise InvalidRequestError(f"unknown --dtype {dtype!r}; choose one of auto, {', '.join(sorted(DTYPES))}")
 
 
 def _resolve_dtype(args, err=None):
-    """Turn ``--dtype auto`` into the backend's default (``jaxlab.loading.resolve_dtype``), in place. With
+    """Turn ``--dtype auto`` into the backend's default (``jaxlab.engine.loading.resolve_dtype``), in place. With
     --quant that is float32; where the backend's default is not, say so in one line on stderr."""
-    from .loading import resolve_dtype
-    from .model import backend_default_dtype
+    from jaxlab.engine.loading import resolve_dtype
+    from jaxlab.engine.model import backend_default_dtype
 
     if args.dtype != "auto":
         return args.dtype
     args.dtype = resolve_dtype("auto", args.quant)
     backend_dtype = backend_default_dtype()
     if args.quant and backend_dtype != args.dtype:
-        from .quant import COMPUTES_IN
+        from jaxlab.quant import COMPUTES_IN
 
         (err or sys.stderr).write(
             f"jaxlab: --quant {args.quant} computes in {COMPUTES_IN[args.quant]}: "
@@ -183,7 +183,7 @@ def _check_quant(args):
 
 def _computes_in(params) -> str:
     """What the model computes in, for --json: the dtype, or a quantized format's description."""
-    from .quant import COMPUTES_IN
+    from jaxlab.quant import COMPUTES_IN
 
     return COMPUTES_IN[params.quant] if params.quant else f"{params.policy.dtype} activations"
 
@@ -196,9 +196,9 @@ def _cache_dtype(args):
 
 
 def _load(args):
-    from . import compile_cache
-    from .generate import Generator
-    from .loading import load
+    from jaxlab.engine.generate import Generator
+    from jaxlab.engine.loading import load
+    from jaxlab.tools import compile_cache
 
     compile_cache.enable()
     group = DEFAULT_GROUP if args.group_size is None else args.group_size
@@ -208,7 +208,7 @@ def _load(args):
 
 
 def _prompt_ids(tok, text, raw, history=None, system=None):
-    from .tokenizer import sanitize
+    from jaxlab.io.tokenizer import sanitize
 
     text, _ = sanitize(text)
     if raw:
@@ -281,10 +281,10 @@ def cmd_generate(args, out=None):
 
 
 def _generate_on_mesh(args, m, ids, sampling):
-    """Greedy generation sharded over a device mesh (jaxlab.sharding); results shaped like Generator's."""
-    from .generate import GenerationResult, _find_stop
-    from .sampling import SamplingParams
-    from .sharding import make_mesh, shard
+    """Greedy generation sharded over a device mesh (jaxlab.engine.sharding); results shaped like Generator's."""
+    from jaxlab.engine.generate import GenerationResult, find_stop
+    from jaxlab.engine.sampling import SamplingParams
+    from jaxlab.engine.sharding import make_mesh, shard
 
     if sampling != SamplingParams():
         raise InvalidRequestError("--mesh generates greedily: drop --temperature/--top-k/--top-p/--min-p")
@@ -300,7 +300,7 @@ def _generate_on_mesh(args, m, ids, sampling):
         if not args.ignore_eos and m.config.eos_id in new:
             new, finish = new[: new.index(m.config.eos_id)], "eos"
         text = m.tokenizer.decode(new)
-        cut = _find_stop(text, args.stop)
+        cut = find_stop(text, args.stop)
         if cut is not None:
             text, finish = text[:cut], "stop"
         results.append(
@@ -312,9 +312,9 @@ def _generate_on_mesh(args, m, ids, sampling):
 
 
 def _generate_speculative(args, m, ids, sampling):
-    """Speculative decoding (jaxlab.speculative): same tokens as plain greedy, fewer model calls."""
-    from .generate import GenerationResult
-    from .speculative import speculative_generate
+    """Speculative decoding (jaxlab.engine.speculative): same tokens as plain greedy, fewer model calls."""
+    from jaxlab.engine.generate import GenerationResult
+    from jaxlab.engine.speculative import speculative_generate
 
     if args.stop:
         raise InvalidRequestError("--stop is not supported with --speculative")
@@ -395,9 +395,10 @@ def info() -> dict:
 
     import jax
 
-    from . import assets, compile_cache, hardware
-    from .model import backend_numerics, default_policy
-    from .sharding import describe_mesh
+    from jaxlab.engine.model import backend_numerics, default_policy
+    from jaxlab.engine.sharding import describe_mesh
+    from jaxlab.io import assets
+    from jaxlab.tools import compile_cache, hardware
 
     versions = {}
     for pkg in (
@@ -494,8 +495,8 @@ def cmd_info(args, out=None):
 
 def cmd_fetch(args, out=None):
     out = out or sys.stdout
-    from . import assets
-    from .loading import load_params
+    from jaxlab.engine.loading import load_params
+    from jaxlab.io import assets
 
     t0 = time.perf_counter()
     path = assets.model_path(args.model, download=True)
@@ -506,7 +507,7 @@ def cmd_fetch(args, out=None):
 
 
 def cmd_bench(args):
-    from . import bench
+    from jaxlab import bench
 
     return bench.run_from_args(args)
 

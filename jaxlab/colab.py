@@ -208,7 +208,7 @@ def install(src: str | os.PathLike) -> dict:
         f"the clone in {src} may be damaged: delete it and run the cell again",
     )
     probe = (
-        "import json, jax, flax, jaxlab, numpy; from jaxlab.assets import data_dir; "
+        "import json, jax, flax, jaxlab, numpy; from jaxlab.io.assets import data_dir; "
         "print(json.dumps({'jax': jax.__version__, 'flax': flax.__version__, 'jaxlab': jaxlab.__version__, "
         "'numpy': numpy.__version__, 'backend': jax.default_backend(), 'data': str(data_dir()), "
         "'golden': (data_dir() / 'reference').is_dir()}))"

@@ -1,4 +1,4 @@
-"""Write data/eval/stdlib.txt: the offline evaluation text of ``jaxlab.quality`` (perplexity, KL, agreement).
+"""Write data/eval/stdlib.txt: the offline evaluation text of ``jaxlab.quant.quality`` (perplexity, KL, agreement).
 
 The text is two kinds of public, PSF-licensed Python standard-library text, read from the ``.py`` files of
 the running interpreter with ``ast`` (nothing is imported or executed):

@@ -10,7 +10,7 @@ A source holds the notebook's cells as text: ``# %% [markdown]`` cells with ``# 
 ``# %%`` code cells, and ``# %% tags=["nbval-ignore-output"]`` for tagged ones. It starts with the
 title cell (``# # NN · Title``) and has no header: the Colab badge (put before the title) and the guarded
 Colab set-up cell (the second cell) are made from ``[tool.jaxlab] repository`` and the version in
-pyproject.toml (:mod:`jaxlab.colab`; README, "Publish your copy"). tests/test_notebooks.py fails when a
+pyproject.toml (:mod:`jaxlab.colab`; README, "Publish your copy"). tests/house/test_notebooks.py fails when a
 source and its notebook differ. ``--headers`` changes no executed output: the set-up cell does nothing
 outside Colab.
 """

@@ -27,7 +27,7 @@ def load_solution(name: str):
 
 @pytest.fixture(scope="session")
 def gguf_path():
-    from jaxlab import assets
+    from jaxlab.io import assets
 
     return assets.model_path()
 
@@ -35,14 +35,14 @@ def gguf_path():
 @pytest.fixture(scope="session")
 def smollm(gguf_path):
     """The embedded SmolLM2-135M (params + tokenizer), float32."""
-    from jaxlab.loading import load
+    from jaxlab.engine.loading import load
 
     return load()
 
 
 @pytest.fixture(scope="session")
 def generator(smollm):
-    from jaxlab.generate import Generator
+    from jaxlab.engine.generate import Generator
 
     return Generator(smollm.params, smollm.tokenizer)
 
@@ -51,7 +51,7 @@ def generator(smollm):
 def converted_cache(tmp_path_factory, gguf_path):
     """A cache folder of the module's own (the user's stays untouched) into which the embedded model's
     float parameters are converted once: tests of the quantized-parameter cache write next to them."""
-    from jaxlab import loading
+    from jaxlab.engine import loading
 
     path = tmp_path_factory.mktemp("cache")
     with pytest.MonkeyPatch.context() as mp:
@@ -63,7 +63,7 @@ def converted_cache(tmp_path_factory, gguf_path):
 @pytest.fixture(scope="session")
 def reference(gguf_path):
     """(model, tokenizer) of Hugging Face transformers on the same GGUF, float32 CPU."""
-    from jaxlab.reference import load_reference
+    from jaxlab.tools.reference import load_reference
 
     return load_reference(gguf_path)
 

@@ -170,8 +170,9 @@ def test_info(capsys):
 
 
 def test_info_prints_the_chip_and_its_peaks(capsys, monkeypatch):
-    from jaxlab import cli, hardware
-    from jaxlab.model import backend_numerics
+    from jaxlab import cli
+    from jaxlab.engine.model import backend_numerics
+    from jaxlab.tools import hardware
 
     assert main(["info"]) == 0
     out = capsys.readouterr().out
@@ -260,7 +261,7 @@ def quant_cache_dir(converted_cache):
 @pytest.fixture
 def quant_env(quant_cache_dir, monkeypatch):
     """The environment of a quantized run, set for this process too (for `main`)."""
-    from jaxlab import compile_cache
+    from jaxlab.tools import compile_cache
 
     env = {
         "JAXLAB_CACHE": str(quant_cache_dir),

@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlab.model import forward
+from jaxlab.engine.model import forward
 
 
 def my_pad_to_bucket(ids, buckets, pad_id):

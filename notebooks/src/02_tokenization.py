@@ -19,8 +19,8 @@
 import numpy as np
 
 import jaxlab
-from jaxlab import bpe
-from jaxlab.notebook import setup, table, verdict, check
+from jaxlab.lab import bpe
+from jaxlab.lab.notebook import setup, table, verdict, check
 
 _ = setup()
 
@@ -41,7 +41,7 @@ _ = setup()
 # Start with the 256 possible byte values as the first 256 tokens: any text, in any language, is a sequence of
 # UTF-8 bytes, so nothing is ever "unknown". Then **train**: count every pair of neighbouring tokens, give
 # the most frequent pair a new id, replace it everywhere, and repeat. The ordered list of merges *is* the
-# tokenizer. Here is the classic example from Wikipedia, `aaabdaaabac`, in `jaxlab.bpe` (a short file of
+# tokenizer. Here is the classic example from Wikipedia, `aaabdaaabac`, in `jaxlab.lab.bpe` (a short file of
 # pure Python; read it):
 
 # %%
@@ -143,7 +143,7 @@ plt.show()
 # ## 2 · SmolLM2's tokenizer
 #
 # `jaxlab.load()` returns the model and its tokenizer, rebuilt from the GGUF file's metadata with the Rust
-# `tokenizers` library (see `jaxlab/tokenizer.py`).
+# `tokenizers` library (see `jaxlab/io/tokenizer.py`).
 
 # %%
 m = jaxlab.load()
@@ -173,7 +173,7 @@ samples = {"English": "Hello world!", "code": "def add(a, b):\n    return a + b"
            "accents": "café naïve Ångström", "Japanese": "日本語のテキスト", "emoji": "I love 🦀 and 🎉"}
 table([{"kind": k, "bytes": len(s.encode()), "tokens": len(tok.encode(s)), "pieces": " ".join(tok.id_to_token(i) for i in tok.encode(s))}
        for k, s in samples.items()])
-_ = check("jaxlab.bpe with SmolLM2's merges gives the Rust tokenizer's ids on every sample",
+_ = check("jaxlab.lab.bpe with SmolLM2's merges gives the Rust tokenizer's ids on every sample",
           all(smol.encode(s) == tok.encode(s) for s in samples.values()))
 
 # %% [markdown]
@@ -196,7 +196,7 @@ _ = check("jaxlab.bpe with SmolLM2's merges gives the Rust tokenizer's ids on ev
 # template included (written once by `scripts/make_reference.py`, which needs torch; this notebook does not).
 
 # %%
-from jaxlab.reference import load_golden
+from jaxlab.tools.reference import load_golden
 
 golden = load_golden()
 same = [tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], tokenize=True) == r["prompt_ids"]
@@ -257,7 +257,7 @@ _ = verdict("np.array([preprocess_input(text) for text in batch_texts]) builds a
 
 # %%
 ids, mask = tok.pad_batch(batch_ids + [tok.encode("Hi!")])
-positions = np.where(mask, mask.cumsum(axis=1) - 1, -1)  # what jaxlab.generate feeds the model
+positions = np.where(mask, mask.cumsum(axis=1) - 1, -1)  # what jaxlab.engine.generate feeds the model
 print("ids:\n", ids)
 print("mask:\n", mask.astype(int))
 print("positions:\n", positions)
@@ -273,7 +273,7 @@ _ = check("the last column holds every row's last real token", (ids[:, -1] == [r
 #
 # **Positions.** A token's position (which sets its rotary embedding) counts only real tokens, so a prompt
 # means the same thing however much padding precedes it. jaxlab marks padding with position **-1**:
-# `jaxlab.model.forward` lets a query attend only to keys at positions 0..p, which leaves padding out, so a
+# `jaxlab.engine.model.forward` lets a query attend only to keys at positions 0..p, which leaves padding out, so a
 # row's result does not depend on how much padding precedes it.
 #
 # ## 6 · How fast is tokenization?
@@ -348,11 +348,11 @@ _ = verdict("tokenization can become a bottleneck ... especially when processing
 #
 # ## 7 · Cleaning untrusted input
 #
-# The article's second claim: strip control characters and validate token lengths. `jaxlab.tokenizer.sanitize`
+# The article's second claim: strip control characters and validate token lengths. `jaxlab.io.tokenizer.sanitize`
 # does the first and says what it changed:
 
 # %%
-from jaxlab.tokenizer import sanitize
+from jaxlab.io.tokenizer import sanitize
 
 text, report = sanitize("\x1b[31mred\x1b[0m text\x00 with a bell\x07")
 print(repr(text), report)
@@ -420,7 +420,7 @@ print("each token decoded alone:", [tok.decode([i]) for i in ids])
 # `StreamDecoder` holds text back until the character is complete:
 
 # %%
-from jaxlab.tokenizer import StreamDecoder
+from jaxlab.io.tokenizer import StreamDecoder
 
 stream = StreamDecoder(tok)
 pieces = [stream.push(i) for i in tok.encode("Tokens: 🦀 日本 é!")] + [stream.flush()]
@@ -435,7 +435,7 @@ _ = check("the pieces join to the full decode", "".join(pieces) == tok.decode(to
 # ## Summary
 #
 # - A byte-level BPE is a list of merges learned by counting pairs; it spells any text and roundtrips exactly.
-#   Our short `jaxlab.bpe` with SmolLM2's 48,900 merges gives the same ids as the Rust library.
+#   Our short `jaxlab.lab.bpe` with SmolLM2's 48,900 merges gives the same ids as the Rust library.
 # - SmolLM2's 49,152 tokens: 17 special, 235 bytes, 48,900 merges. Spaces show as `Ġ`, newlines as `Ċ`; digits
 #   are split; non-English text and emoji take more tokens, and one token can be part of a character.
 # - Our chat-template ids equal `transformers'` on the golden prompts.
@@ -451,7 +451,7 @@ _ = check("the pieces join to the full decode", "".join(pieces) == tok.decode(to
 # count: `[7, 7, 7]` has the pair `(7, 7)` twice.
 
 # %%
-from jaxlab.exercises import nb02
+from jaxlab.lab.exercises import nb02
 
 
 def count_pairs(ids):

@@ -2,7 +2,7 @@
 # # 03 · The model in Flax NNX, piece by piece
 #
 # SmolLM2-135M-Instruct is a Llama: token embedding, 30 identical decoder blocks, a final norm, and an
-# output head that reuses the embedding matrix. In this notebook we take `jaxlab.model` apart, run every
+# output head that reuses the embedding matrix. In this notebook we take `jaxlab.engine.model` apart, run every
 # piece on a small input, then load the real weights and check that our JAX model gives the same logits
 # and the same greedy text as the PyTorch reference (Hugging Face `transformers`).
 #
@@ -23,11 +23,11 @@ import numpy as np
 from flax import nnx
 
 import jaxlab
-from jaxlab.notebook import setup, table, verdict, check
-from jaxlab.model import RMSNorm, Attention, MLP, Block, rope_cos_sin, apply_rope, default_policy
-from jaxlab.kvcache import left_pad
-from jaxlab.anatomy import show_source, tree_summary, param_table, rope_is_relative, plot_rope
-from jaxlab.reference import load_golden, check_golden, compare_greedy
+from jaxlab.lab.notebook import setup, table, verdict, check
+from jaxlab.engine.model import RMSNorm, Attention, MLP, Block, rope_cos_sin, apply_rope, default_policy
+from jaxlab.engine.kvcache import left_pad
+from jaxlab.lab.anatomy import show_source, tree_summary, param_table, rope_is_relative, plot_rope
+from jaxlab.tools.reference import load_golden, check_golden, compare_greedy
 
 _ = setup()
 
@@ -292,7 +292,7 @@ _ = verdict("A JAX/Flax model can reproduce the PyTorch reference",
 # `weight * x / sqrt(mean(x², last axis) + eps)`, computed in float32.
 
 # %%
-import jaxlab.exercises.nb03 as ex
+import jaxlab.lab.exercises.nb03 as ex
 
 
 def my_rmsnorm(x, weight, eps):

@@ -36,11 +36,11 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxlab
-from jaxlab import stages
-from jaxlab.generate import bucket
-from jaxlab.profile import CompileCounter
-from jaxlab.reference import compare_greedy, load_golden
-from jaxlab.notebook import setup, table, verdict, check
+from jaxlab.lab import stages
+from jaxlab.engine.plan import bucket
+from jaxlab.tools.profile import CompileCounter
+from jaxlab.tools.reference import compare_greedy, load_golden
+from jaxlab.lab.notebook import setup, table, verdict, check
 
 setup()
 m = jaxlab.load()
@@ -67,10 +67,10 @@ print(repr(golden["prompt"]), "->", repr(golden["greedy_text"]))
 #
 # `stages.naive_generate` is that loop. It compiles ahead of time (`jit(f).lower(...).compile()`),
 # so compiling and running are timed separately, and counts the compilations with
-# `jaxlab.profile.CompileCounter`. (It counts a program loaded from the persistent compilation cache
+# `jaxlab.tools.profile.CompileCounter`. (It counts a program loaded from the persistent compilation cache
 # on disk, which `setup()` turned on, as a compilation too: the trace and the lowering still happen.)
 #
-# Each stage's tokens are compared with the golden ones by `jaxlab.reference.compare_greedy`: exactly
+# Each stage's tokens are compared with the golden ones by `jaxlab.tools.reference.compare_greedy`: exactly
 # on a CPU, where the model runs in float32; on TPU and recent GPUs, in bfloat16, where a near-tie can
 # flip a token, the first 16 must be identical, and the check prints how many leading tokens agree.
 
@@ -95,7 +95,7 @@ print(f"per token: {naive.compile_s / N_NAIVE:.2f} s tracing + compiling, {naive
 # start and mark the unused slots as padding. In jaxlab a token at position −1 is padding: attention
 # never looks at it. The buffer length is a **bucket**: the smallest of a few fixed sizes that holds
 # the prompt plus the new tokens. A few buckets serve every length with a handful of programs,
-# and padding wastes at most half the buffer. `jaxlab.generate.bucket` picks one (past the largest,
+# and padding wastes at most half the buffer. `jaxlab.engine.generate.bucket` picks one (past the largest,
 # the next multiple of it):
 
 # %%
@@ -159,7 +159,7 @@ check("its first step compiled dozens of small programs (one per operation and s
 #
 # The host loop still pays for one dispatch from Python and one device-to-host copy per token. If we
 # do not need to see each token as it is made (a benchmark, a batch job, a fixed-length answer),
-# the whole loop can be one program: `jaxlab.generate.decode_on_device` runs the decode step inside a
+# the whole loop can be one program: `jaxlab.engine.generate.decode_on_device` runs the decode step inside a
 # `lax.fori_loop`. It is compiled once for a given number of steps; the prefill program is reused
 # from stage 3 (same shapes), so only the loop is new.
 
@@ -315,7 +315,7 @@ def my_pad_to_bucket(ids, buckets, pad_id):
     raise NotImplementedError
 
 
-from jaxlab.exercises import nb04
+from jaxlab.lab.exercises import nb04
 
 passed = nb04.check_pad_to_bucket(my_pad_to_bucket)
 

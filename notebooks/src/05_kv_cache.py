@@ -24,13 +24,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxlab
-from jaxlab.notebook import setup, table, verdict, check
-from jaxlab.kvcache import init_cache, left_pad, rollback
-from jaxlab.reference import load_golden, compare_logits
-from jaxlab.anatomy import (cache_structure, prefill, decode_step, greedy_with_cache, uncached_logits,
-                            max_logit_error, time_prefill_decode, one_token_kv, write_token, time_cache_write,
-                            cache_memory_rows, live_growth, latency_vs_context, cache_claim_holds, cached_growth,
-                            plot_latency)
+from jaxlab.lab.notebook import setup, table, verdict, check
+from jaxlab.engine.kvcache import init_cache, left_pad, rollback
+from jaxlab.tools.reference import load_golden, compare_logits
+from jaxlab.lab.anatomy import cache_structure, prefill, decode_step, greedy_with_cache, uncached_logits, max_logit_error, time_prefill_decode, one_token_kv, write_token, time_cache_write, cache_memory_rows, live_growth, latency_vs_context, cache_claim_holds, cached_growth, plot_latency
 
 _ = setup()
 
@@ -42,7 +39,7 @@ _ = setup()
 # `index` (the next slot to write). The layout printed below is chosen for speed, not for reading:
 # batch and KV heads share the first axis, and the slot axis sits where each attention matmul wants it,
 # so XLA reads and updates the cache where it lies instead of moving a copy of it every step (the
-# `jaxlab.kvcache` docstring tells how that was measured).
+# `jaxlab.engine.kvcache` docstring tells how that was measured).
 
 # %%
 m = jaxlab.load()
@@ -207,7 +204,7 @@ print(f"for scale, the float32 weights: {weights_mb:.0f} MB")
 # reads it all. That is why GQA exists, and why caches are often stored in bfloat16 or 8 bits.
 #
 # Is the formula what really gets allocated? We measure the bytes of all live device arrays
-# (`jaxlab.profile.memory_stats`) before and after creating a cache. The extra 4 bytes per slot are
+# (`jaxlab.tools.profile.memory_stats`) before and after creating a cache. The extra 4 bytes per slot are
 # `pos` (int32), and 4 more are `index`:
 
 # %%
@@ -302,7 +299,7 @@ _ = check("tokens decoded again after a rollback == the first time", again == ne
 # update, start_indices)` takes one start index per axis.
 
 # %%
-import jaxlab.exercises.nb05 as ex
+import jaxlab.lab.exercises.nb05 as ex
 
 
 def my_cache_update(cache, new, index, axis):

@@ -35,9 +35,10 @@ import numpy as np
 import matplotlib.pyplot as plt
 
 import jaxlab
-from jaxlab import stages, SamplingParams
-from jaxlab.profile import CompileCounter, Roofline
-from jaxlab.notebook import setup, table, verdict, check
+from jaxlab.lab import stages
+from jaxlab import SamplingParams
+from jaxlab.tools.profile import CompileCounter, Roofline
+from jaxlab.lab.notebook import setup, table, verdict, check
 
 setup()
 m = jaxlab.load()
@@ -132,7 +133,7 @@ same_logits = check("each batched row == the same prompt alone: logits",
 
 # %% [markdown]
 # (`jaxlab.Generator` does the same left padding, with the whole prompt in one prefill call instead
-# of one token per call; `tests/test_reference.py` checks its batched results against each-alone too.)
+# of one token per call; `tests/tools/test_reference.py` checks its batched results against each-alone too.)
 #
 # ## 3 · Throughput against batch size
 #
@@ -193,7 +194,7 @@ claim = verdict("With vmap, the weights are loaded once [...] This reduces memor
 # %% [markdown]
 # ## 4 · Sampling: greedy, temperature, top-k, top-p, min-p
 #
-# The model gives logits; a *sampler* turns them into one token. `jaxlab.sampling.filter_logits`
+# The model gives logits; a *sampler* turns them into one token. `jaxlab.engine.sampling.filter_logits`
 # applies the filters in the order Hugging Face `transformers` does:
 #
 # - **temperature** divides the logits: below 1 sharpens the distribution, above 1 flattens it
@@ -292,7 +293,7 @@ def my_top_p(logits, top_p):
     raise NotImplementedError
 
 
-from jaxlab.exercises import nb06
+from jaxlab.lab.exercises import nb06
 
 passed = nb06.check_top_p(my_top_p)
 

@@ -42,10 +42,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxlab
-from jaxlab import compile_cache, export
-from jaxlab.profile import CompileCounter, Roofline, cost_analysis, count_ops, hlo_text, plot_roofline, time_fn, trace
-from jaxlab.reference import compare_greedy, load_golden
-from jaxlab.notebook import setup, table, verdict, check
+from jaxlab.tools import compile_cache, export
+from jaxlab.tools.profile import CompileCounter, Roofline, cost_analysis, count_ops, hlo_text, plot_roofline, time_fn, trace
+from jaxlab.tools.reference import compare_greedy, load_golden
+from jaxlab.lab.notebook import setup, table, verdict, check
 
 setup()
 m = jaxlab.load()
@@ -54,7 +54,7 @@ print(m, f"| weights: {m.params.nbytes() / 1e6:.0f} MB")
 # %% [markdown]
 # ## 1 · The step under the microscope
 #
-# Everything below studies one function, the greedy **decode step** `jaxlab.export.decode_step`:
+# Everything below studies one function, the greedy **decode step** `jaxlab.tools.export.decode_step`:
 # `(params, tokens [B], positions [B], cache) -> (next tokens [B], logits [B, V], cache)`. It is
 # the model's forward pass on one new token per row, with the KV cache, followed by an argmax; the
 # same step `jaxlab.Generator` runs for every generated token (notebook 04 built it).
@@ -62,7 +62,7 @@ print(m, f"| weights: {m.params.nbytes() / 1e6:.0f} MB")
 # First, a check that it is right: `export.greedy_decode` drives any such step, feeding a golden
 # prompt in one token per call and then the step's own tokens, and must reproduce the tokens
 # Hugging Face `transformers` generated from the same model file (exactly on a CPU, in float32; the
-# first 16 tokens on TPU and GPU, in bfloat16: `jaxlab.reference.compare_greedy`). The cache has 64
+# first 16 tokens on TPU and GPU, in bfloat16: `jaxlab.tools.reference.compare_greedy`). The cache has 64
 # slots throughout.
 
 # %%
@@ -80,7 +80,7 @@ print(repr(golden["prompt"]), "->", repr(m.tokenizer.decode(native_tokens[0].tol
 # %% [markdown]
 # ## 2 · A profiler trace, and how to read it
 #
-# `jaxlab.profile.trace(fn, *args)` runs the function once under `jax.profiler.trace` (blocking on
+# `jaxlab.tools.profile.trace(fn, *args)` runs the function once under `jax.profiler.trace` (blocking on
 # its outputs, so the device work is inside the trace) and returns the folder it wrote. The step is
 # already compiled, so the trace shows running, not compiling.
 
@@ -106,7 +106,7 @@ for root, _, files in os.walk(logdir):
 #
 # The JSON is easy to read ourselves: every event with an `hlo_op` argument is one operation of the
 # compiled program. `export.top_ops` adds up their durations. Given the program's optimized HLO text
-# (`jaxlab.profile.hlo_text`), it also says which weights each operation reads: jax names every
+# (`jaxlab.tools.profile.hlo_text`), it also says which weights each operation reads: jax names every
 # argument of the program after its path in the parameter tree.
 
 # %% tags=["nbval-ignore-output"]
@@ -151,7 +151,7 @@ print(f"{len(hlo.splitlines())} lines of optimized HLO")
 print({k: v for k, v in count_ops(hlo).items() if v})
 
 # %% [markdown]
-# `jaxlab.profile.cost_analysis` asks XLA how much work the compiled program does: `flops` and
+# `jaxlab.tools.profile.cost_analysis` asks XLA how much work the compiled program does: `flops` and
 # `bytes accessed` (every operation's inputs and outputs, summed). A decode step reads every weight
 # once, so the bytes should be about the size of the weights, and the FLOPs about 2 per parameter
 # (one multiply and one add per weight, for one token):
@@ -308,7 +308,7 @@ print(f"time to first token after warm-up: {served_ttft * 1e3:.0f} ms "
 #
 # Warm-up moves compilation to start-up, but every new process starts cold: a restarted server, a
 # new notebook kernel, a command-line call. The **persistent compilation cache** (`setup()` turned it
-# on for this notebook; `jaxlab.compile_cache.enable()` elsewhere) writes every compiled executable
+# on for this notebook; `jaxlab.tools.compile_cache.enable()` elsewhere) writes every compiled executable
 # to a folder, keyed by the program, the compiler version and the device; a later process that
 # compiles the same program loads it from there instead.
 #
@@ -449,7 +449,7 @@ print(f"fresh process on {child['platform']}: read + deserialize the file {child
 # for them), and the program picks its branch when it runs. And `batch=None` exports a
 # shape-polymorphic step, one file for every batch size (the cache length stays fixed). We show both
 # on the `tiny` test config (3 layers, random weights): the point is the format, not the model, and
-# exporting it takes a fraction of a second. (`tests/test_export.py` runs such files at several batch
+# exporting it takes a fraction of a second. (`tests/tools/test_export.py` runs such files at several batch
 # sizes and checks their tokens.)
 
 # %%
@@ -493,7 +493,7 @@ def my_matmul_intensity(m, k, n, itemsize):
     raise NotImplementedError
 
 
-from jaxlab.exercises import nb07
+from jaxlab.lab.exercises import nb07
 
 passed = nb07.check_matmul_intensity(my_matmul_intensity)
 
@@ -501,7 +501,7 @@ passed = nb07.check_matmul_intensity(my_matmul_intensity)
 # %% [markdown]
 # **2. The roofline's time bound.** Write `my_time_bound(bandwidth, peak_flops, flops, nbytes)`: the
 # least time in seconds a program of `flops` FLOPs over `nbytes` bytes can take on a machine with
-# these two ceilings (compare `jaxlab.profile.Roofline.time_bound`).
+# these two ceilings (compare `jaxlab.tools.profile.Roofline.time_bound`).
 
 # %%
 def my_time_bound(bandwidth, peak_flops, flops, nbytes):

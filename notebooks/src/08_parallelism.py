@@ -48,11 +48,11 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jaxlab
-from jaxlab import distributed, sharding
-from jaxlab.kvcache import left_pad
-from jaxlab.model import init_params
-from jaxlab.reference import compare_logits, load_golden
-from jaxlab.notebook import setup, table, verdict, check
+from jaxlab.engine import distributed, sharding
+from jaxlab.engine.kvcache import left_pad
+from jaxlab.engine.model import init_params
+from jaxlab.tools.reference import compare_logits, load_golden
+from jaxlab.lab.notebook import setup, table, verdict, check
 
 setup()
 m = jaxlab.load()
@@ -304,7 +304,7 @@ print("decode step:", real_info.collectives["all-reduce"], "all-reduces for", cf
 #
 # With `jit` we only said where the arrays live. `shard_map` is the other way round: we write the
 # program **one device** runs, on its local blocks, and say where the collectives go. The per-device
-# loop of `jaxlab.sharding` (the model's own modules, built for the local sizes: 12/4 = 3 query
+# loop of `jaxlab.engine.sharding` (the model's own modules, built for the local sizes: 12/4 = 3 query
 # heads, 1 KV head, 1536/4 MLP units on `model=4`) is:
 #
 # ```python
@@ -411,9 +411,9 @@ _ = check("two processes generate what one process does", all(r["tokens"] == wan
 # To launch it by hand, start the same command in two terminals (or with `&`), changing only the id:
 #
 # ```bash
-# XLA_FLAGS=--xla_force_host_platform_device_count=2 python -m jaxlab.distributed \
+# XLA_FLAGS=--xla_force_host_platform_device_count=2 python -m jaxlab.engine.distributed \
 #     --process-id 0 --num-processes 2 --port 12355 --mesh data=2,model=2
-# XLA_FLAGS=--xla_force_host_platform_device_count=2 python -m jaxlab.distributed \
+# XLA_FLAGS=--xla_force_host_platform_device_count=2 python -m jaxlab.engine.distributed \
 #     --process-id 1 --num-processes 2 --port 12355 --mesh data=2,model=2
 # ```
 #
@@ -428,7 +428,7 @@ _ = check("two processes generate what one process does", all(r["tokens"] == wan
 # gcloud compute tpus tpu-vm ssh MY_TPU --zone=ZONE --worker=all \
 #     --command="pip install 'jax[tpu]==0.10.2' 'jaxlab @ git+https://github.com/jaxlab/jaxlab@v0.1.0'"
 # gcloud compute tpus tpu-vm ssh MY_TPU --zone=ZONE --worker=all \
-#     --command="python -m jaxlab.distributed --pod --mesh data=2,model=4"
+#     --command="python -m jaxlab.engine.distributed --pod --mesh data=2,model=4"
 # ```
 #
 # Two rules keep a multi-process program correct: every process must run the same jitted programs in
@@ -456,7 +456,7 @@ def my_partition_spec(logical_axes, rules):
     raise NotImplementedError
 
 
-from jaxlab.exercises import nb08
+from jaxlab.lab.exercises import nb08
 
 passed = nb08.check_partition_spec(my_partition_spec)
 

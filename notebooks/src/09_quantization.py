@@ -27,8 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxlab
-from jaxlab import quant, quality, quantlab
-from jaxlab.notebook import setup, table, verdict, check
+from jaxlab import quant
+from jaxlab.quant import quality
+from jaxlab.lab import quantlab
+from jaxlab.lab.notebook import setup, table, verdict, check
 
 setup()
 # quantization starts from float32 weights on every backend (bfloat16 is the default on TPU/GPU)
@@ -251,7 +253,7 @@ ok = check(f"on this backend ({BACKEND}) int4 is slower than float32", f["int4, 
 #
 # ## 4 · What it costs in predictions
 #
-# A matrix error of one percent does not say how much the model's output changes. `jaxlab.quality`
+# A matrix error of one percent does not say how much the model's output changes. `jaxlab.quant.quality`
 # compares each variant with float32 on the same tokens of an evaluation text (Python standard-library
 # documentation and source, `data/eval/`), teacher-forced:
 #
@@ -263,7 +265,7 @@ ok = check(f"on this backend ({BACKEND}) int4 is slower than float32", f["int4, 
 #
 # To stay within this notebook's time we score only 2 windows of 64 tokens (126 predictions), and only
 # the two variants section 5 times: int8 weights, and W8A8 weights with the int8 KV cache (keys and values
-# stored as int8 with a scale per vector, `jaxlab.kvcache`). The int4 model differs from float32 only by
+# stored as int8 with a scale per vector, `jaxlab.engine.kvcache`). The int4 model differs from float32 only by
 # its int8 embedding here (section 2); it and the other combinations are in the table after the check.
 
 # %% tags=["nbval-ignore-output"]
@@ -313,10 +315,10 @@ mem_table = table(mem, title="Bytes (weights: every parameter, scales included)"
 # carries two float32 numbers. The int8 KV cache keeps one float32 scale per stored vector beside the
 # int8 values.
 #
-# Now the decode step (`jaxlab.stages.greedy_decode_step`, the cache donated as a server does, 256
+# Now the decode step (`jaxlab.lab.stages.greedy_decode_step`, the cache donated as a server does, 256
 # slots), each variant compiled first and then timed side by side: int8 against float32 at batch 1
 # (latency), and at batch 32 (throughput) W8A8 weights with the int8 KV cache, whose attention also runs
-# as int8 matmuls (`jaxlab.model._int8_bmm`). Compiling the 30-layer step takes seconds per variant, so
+# as int8 matmuls (`jaxlab.engine.model._int8_bmm`). Compiling the 30-layer step takes seconds per variant, so
 # this notebook times only these four; the table below it comes from a longer run.
 
 # %% tags=["nbval-ignore-output"]
@@ -408,7 +410,7 @@ def my_quantize_int8(w):
     raise NotImplementedError
 
 
-from jaxlab.exercises import nb09
+from jaxlab.lab.exercises import nb09
 
 passed = nb09.check_quantize_int8(my_quantize_int8)
 

@@ -25,9 +25,10 @@ import numpy as np
 import matplotlib.pyplot as plt
 
 import jaxlab
-from jaxlab import speculative as spec
-from jaxlab.profile import CompileCounter
-from jaxlab.notebook import setup, table, verdict, check
+from jaxlab.engine import speculative as spec
+from jaxlab.lab import speculation
+from jaxlab.tools.profile import CompileCounter
+from jaxlab.lab.notebook import setup, table, verdict, check
 
 setup()
 m = jaxlab.load()
@@ -71,15 +72,15 @@ print(m)
 
 # %%
 K, N = 4, 24  # draft length, tokens to generate
-prompts = {task: spec.chat_prompt(m.tokenizer, texts[0]) for task, texts in spec.TASK_PROMPTS.items()}
+prompts = {task: speculation.chat_prompt(m.tokenizer, texts[0]) for task, texts in speculation.TASK_PROMPTS.items()}
 ngram = spec.SpeculativeDecoder(m.params, m.tokenizer, method="ngram", k=K)
 run = ngram.generate([prompts["copy: fix code"]], N)[0]
-rounds_table = table(spec.describe_rounds(run, m.tokenizer, max_rounds=8), title="n-gram speculative decoding, round by round")
+rounds_table = table(speculation.describe_rounds(run, m.tokenizer, max_rounds=8), title="n-gram speculative decoding, round by round")
 print(f"\n{len(run.generated_ids)} tokens in 1 prefill + {run.target_calls} verify calls:")
 print(run.text)
 
 # %% tags=["nbval-ignore-output"]
-ax = spec.plot_rounds(run, m.tokenizer, max_rounds=10)
+ax = speculation.plot_rounds(run, m.tokenizer, max_rounds=10)
 
 # %% [markdown]
 # Read the picture row by row: green drafts were kept, the red one is the first wrong guess (the grey
@@ -90,7 +91,7 @@ ax = spec.plot_rounds(run, m.tokenizer, max_rounds=10)
 #
 # ## 2 · Exact, and measured by task
 #
-# `spec.measure` runs each task's prompt with plain greedy decoding (`jaxlab.Generator`, EOS ignored)
+# `speculation.measure` runs each task's prompt with plain greedy decoding (`jaxlab.Generator`, EOS ignored)
 # and with speculative decoding, compares the tokens, and times the decode phase of both (every
 # program compiled beforehand). Three prompts copy from their input (repeat a paragraph, fix a typo
 # in code, extract names) and one is open-ended writing:
@@ -98,7 +99,7 @@ ax = spec.plot_rounds(run, m.tokenizer, max_rounds=10)
 # %%
 gen = jaxlab.Generator(m.params, m.tokenizer)
 greedy = {}
-rows = spec.measure(m.params, m.tokenizer, k=K, max_new_tokens=N, methods=("ngram",), generator=gen,
+rows = speculation.measure(m.params, m.tokenizer, k=K, max_new_tokens=N, methods=("ngram",), generator=gen,
                     outputs=greedy)
 identical = check("n-gram speculative decoding == plain greedy, token for token",
                   all(r["identical"] == "yes" for r in rows), f"{len(rows)} prompts x {N} tokens")
@@ -141,7 +142,7 @@ claim = verdict("speculative decoding is a free speed-up, with identical output"
 #
 # n-gram drafts are free but only know how to copy. A draft *model* can guess new text. The cheapest
 # one to build is the model itself, cut after L of its 30 layers ("early exit"). How often would it
-# guess right? `spec.early_exit_agreement` runs the model once over the greedy texts from above and,
+# guess right? `speculation.early_exit_agreement` runs the model once over the greedy texts from above and,
 # for each L, applies the final norm and output embedding to layer L's output: the fraction of
 # positions where that matches the model's greedy token is exactly the chance a draft token is
 # accepted once the tokens before it were right. (The full depth must give 1.0: a check of the probe.)
@@ -150,10 +151,10 @@ claim = verdict("speculative decoding is a free speed-up, with identical output"
 LAYERS = (2, 8, 16, 20, 24, 28, 29, 30)
 ids = [p for task in greedy for p in greedy[task][0]]
 outs = [g for task in greedy for g in greedy[task][1]]
-agreement = spec.early_exit_agreement(m.params, ids, outs, layers=LAYERS)
+agreement = speculation.early_exit_agreement(m.params, ids, outs, layers=LAYERS)
 ok = check("the probe at full depth reproduces every greedy token", agreement[30] == 1.0)
 exit_table = table([{"layers": L, "per-token acceptance": round(a, 2),
-                     "tokens per verify call": round(float(spec.expected_tokens_per_call(a, K)), 2)}
+                     "tokens per verify call": round(float(speculation.expected_tokens_per_call(a, K)), 2)}
                     for L, a in agreement.items()], title=f"Early-exit drafts, k = {K} (over {len(outs)} greedy texts)")
 
 # %% [markdown]
@@ -181,15 +182,15 @@ ok = check("draft-model speculative decoding == plain greedy", d_run.generated_i
 #
 # $$\text{speed-up} = \frac{\text{tokens per verify call}}{\text{cost of a verify call} + k \cdot \text{cost of a draft step}}$$
 #
-# `spec.step_costs` times the three steps with the same compiled programs the runs above used:
+# `speculation.step_costs` times the three steps with the same compiled programs the runs above used:
 
 # %% tags=["nbval-ignore-output"]
-costs = spec.step_costs(m.params, k=K, batch=1, draft_layers=8)
+costs = speculation.step_costs(m.params, k=K, batch=1, draft_layers=8)
 cost_table = table([{"step": "plain decode (1 token)", "ms": costs["decode_s"] * 1e3, "decode steps": 1.0},
        {"step": f"verify ({K + 1} tokens)", "ms": costs["verify_s"] * 1e3, "decode steps": costs["verify_s"] / costs["decode_s"]},
        {"step": f"draft, L = 8 ({K} tokens)", "ms": costs["draft_s"] * 1e3, "decode steps": costs["draft_s"] / costs["decode_s"]}],
       title="Measured here: step costs, batch 1")
-ax = spec.plot_speedup(costs, K, rows)
+ax = speculation.plot_speedup(costs, K, rows)
 
 # %%
 ok = check(f"verifying {K + 1} tokens costs less than {K + 1} decode steps", costs["verify_s"] < (K + 1) * costs["decode_s"])
@@ -228,7 +229,7 @@ batch_table = table([{"task": t, "tokens/call alone": round(r["tokens/call"], 2)
 # The open-ended row drags the copy rows down to its pace. There is a second reason: a batch of B rows
 # verifies B·(k+1) tokens per call. Plain decoding at batch B already uses the weights it reads for B
 # tokens (notebook 06); once B·(k+1) tokens are enough to make the step compute-bound, a verify call
-# costs nearly k+1 decode steps, and no acceptance rate can pay for that. `spec.step_costs(m.params,
+# costs nearly k+1 decode steps, and no acceptance rate can pay for that. `speculation.step_costs(m.params,
 # batch=16)` measures it (we skip it here to keep the notebook short): on the 2-core CPU of one of our
 # runs, a verify call cost about 1.8 decode steps at batch 1 and about 3 at batch 16, where each verify
 # call carries 80 tokens.
@@ -266,7 +267,7 @@ ok = check("accepting every draft emits q instead", np.abs(wrong - q).max() < 0.
 
 
 # %% [markdown]
-# (`tests/test_speculative.py` checks the rule with a chi-square test at every position, also through
+# (`tests/engine/test_speculative.py` checks the rule with a chi-square test at every position, also through
 # the whole generator on an 11-token model, and checks that it catches two wrong rules: accepting
 # always, and redrawing from p instead of the residual.)
 #
@@ -295,7 +296,7 @@ def my_ngram_propose(context, k):
     raise NotImplementedError
 
 
-from jaxlab.exercises import nb10
+from jaxlab.lab.exercises import nb10
 
 passed = nb10.check_ngram(my_ngram_propose)
 

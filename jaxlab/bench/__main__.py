@@ -1,0 +1,7 @@
+"""``python -m jaxlab.bench --ttft-child``: the fresh process that times the first token."""
+
+import sys
+
+from jaxlab.bench import child_main
+
+sys.exit(child_main())

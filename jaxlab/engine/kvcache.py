@@ -1,0 +1,116 @@
+"""The KV cache as explicit state: a pytree passed into the model step and returned from it.
+
+Layout, per layer: ``k`` of shape [B * n_kv_heads, S, head_dim] and ``v`` of shape
+[B * n_kv_heads, head_dim, S], where S is the cache length (slots). Batch and head share one axis and
+the slot axis is where each attention matmul wants it, so XLA updates the donated cache in place and
+reads it without a transpose. (Measured on XLA's CPU backend: with [B, S, KVH, Hd], or any layout
+with a size-1 batch axis at batch 1, the compiled decode step copied every layer's whole cache on
+every step.) ``pos`` [B, S] holds the position of the token stored in each slot, -1 for an empty slot
+or a padding token; ``index`` is the next slot to write (shared by the batch, so a write is one
+``dynamic_update_slice``, done in place when the cache is donated).
+
+Batches are left-padded: a row whose prompt is shorter starts with padding (position -1), so every row
+writes its next token at the same slot. A query at position p attends to slots whose position lies in
+[0, p]. Rolling back (speculative decoding) only moves ``index`` back: stale slots hold positions
+greater than any later query's, so they are invisible until overwritten.
+
+Memory: 2 x layers x B x S x kv_heads x head_dim x itemsize (``LlamaConfig.kv_cache_bytes``).
+
+int8 cache (``init_cache(..., dtype="int8")``): ``k`` and ``v`` hold int8 and ``k_scale`` / ``v_scale``
+[B * n_kv_heads, S] float32 hold one scale per stored key / value vector (symmetric, over head_dim,
+computed when the token is written: :func:`quantize_kv`). Attention multiplies the scores by the key
+scales and folds the value scales into the attention weights, so the int8 arrays are read as they are.
+Memory: a quarter of float32 plus 8 bytes per slot per kv head per layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxlab.engine.config import LlamaConfig
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class KVCache:
+    k: tuple  # per layer [B*KVH, S, Hd]
+    v: tuple  # per layer [B*KVH, Hd, S]
+    pos: jax.Array  # [B, S] int32, -1 = empty or padding
+    index: jax.Array  # [] int32, next slot to write
+    k_scale: tuple = ()  # int8 cache only: per layer [B*KVH, S] float32
+    v_scale: tuple = ()  # int8 cache only: per layer [B*KVH, S] float32
+
+    @property
+    def batch(self) -> int:
+        return self.pos.shape[0]
+
+    @property
+    def length(self) -> int:
+        return self.pos.shape[1]
+
+    @property
+    def quantized(self) -> bool:
+        return bool(self.k_scale)
+
+    def nbytes(self) -> int:
+        return sum(a.size * a.dtype.itemsize for a in (*self.k, *self.v, *self.k_scale, *self.v_scale))
+
+
+def init_cache(cfg: LlamaConfig, batch: int, length: int, dtype=jnp.float32) -> KVCache:
+    """An empty cache for ``batch`` rows of ``length`` slots; ``dtype="int8"`` gives the int8 cache."""
+    k_shape = (batch * cfg.n_kv_heads, length, cfg.head_dim)
+    v_shape = (batch * cfg.n_kv_heads, cfg.head_dim, length)
+    dtype = jnp.dtype(dtype)
+    scales = {}
+    if dtype == jnp.int8:
+        scales = dict(
+            k_scale=tuple(jnp.zeros((batch * cfg.n_kv_heads, length), jnp.float32) for _ in range(cfg.n_layers)),
+            v_scale=tuple(jnp.zeros((batch * cfg.n_kv_heads, length), jnp.float32) for _ in range(cfg.n_layers)),
+        )
+    elif not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(f"KV cache dtype must be a float type or int8, got {dtype}")
+    return KVCache(
+        k=tuple(jnp.zeros(k_shape, dtype) for _ in range(cfg.n_layers)),
+        v=tuple(jnp.zeros(v_shape, dtype) for _ in range(cfg.n_layers)),
+        pos=jnp.full((batch, length), -1, jnp.int32),
+        index=jnp.zeros((), jnp.int32),
+        **scales,
+    )
+
+
+def quantize_kv(x: jax.Array, axis: int) -> tuple[jax.Array, jax.Array]:
+    """Symmetric int8 over ``axis`` (head_dim): x ~ q * scale. Keys [N, T, Hd] use axis=2, values
+    [N, Hd, T] axis=1; the scale comes back [N, T]."""
+    x = x.astype(jnp.float32)
+    s = jnp.max(jnp.abs(x), axis=axis) / 127.0
+    s = jnp.where(s > 0, s, 1.0)
+    q = jnp.clip(jnp.round(x / jnp.expand_dims(s, axis)), -127, 127).astype(jnp.int8)
+    return q, s
+
+
+def rollback(cache: KVCache, index) -> KVCache:
+    """Forget every slot from ``index`` on (they stay allocated and are overwritten later)."""
+    slots = jnp.arange(cache.length)
+    pos = jnp.where(slots[None, :] < index, cache.pos, -1)
+    return KVCache(cache.k, cache.v, pos, jnp.asarray(index, jnp.int32), cache.k_scale, cache.v_scale)
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Left-pad id lists to one length -> (tokens [B, L], positions [B, L]) int32; padding has position -1.
+
+    Left padding puts every row's last prompt token in the last column, so every row writes its next
+    token into the same cache slot; position -1 tells attention that a slot is padding."""
+    length = max(len(p) for p in prompts) if length is None else length
+    if any(len(p) > length for p in prompts):
+        raise ValueError(f"a prompt is longer than the padded length {length}")
+    tokens = np.full((len(prompts), length), pad_id, np.int32)
+    positions = np.full((len(prompts), length), -1, np.int32)
+    for i, p in enumerate(prompts):
+        tokens[i, length - len(p) :] = p
+        positions[i, length - len(p) :] = np.arange(len(p))
+    return tokens, positions

@@ -1,0 +1,515 @@
+"""The Llama-family decoder in Flax NNX, and the pure step built from it.
+
+* RMSNorm (computed in float32, as the reference does)
+* rotary position embeddings (RoPE), "rotate half" layout as in Hugging Face ``transformers``
+* grouped-query attention: ``n_heads`` query heads share ``n_kv_heads`` key/value heads
+* SwiGLU feed-forward
+* tied input/output embeddings (SmolLM2), or a separate ``lm_head``
+
+One implementation serves everything: the NNX modules below hold the computation, and
+:func:`forward` is the pure function ``forward(params, tokens, positions, cache) -> (logits, cache)``
+obtained from them by ``nnx.split``/``nnx.merge`` — usable under ``jit``, ``vmap``, sharding and export.
+
+Positions carry the padding: a token at position ``< 0`` is padding. Attention lets a query at
+position ``p`` see every key whose position is in ``[0, p]``, so left-padded batches, chunked prefill
+and cached decoding all use one rule (see :mod:`jaxlab.engine.kvcache`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxlab.engine.config import DTYPES, LlamaConfig
+from jaxlab.engine.kvcache import KVCache, quantize_kv
+from jaxlab.errors import ConfigError
+from jaxlab.quant.formats import QuantizedMatrix, join_split, params_format, split_activations
+
+Array = jax.Array
+MASK_VALUE = -1e30  # finite, so a query with no visible key (padding) gives a uniform row, not NaN
+
+
+# --------------------------------------------------------------------------------------------------
+# dtype and matmul-precision policy
+# --------------------------------------------------------------------------------------------------
+
+PRECISIONS = {
+    "default": jax.lax.Precision.DEFAULT,
+    "high": jax.lax.Precision.HIGH,
+    "highest": jax.lax.Precision.HIGHEST,
+}
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How the model stores and computes: parameter/activation dtype and matmul precision.
+
+    ``dtype`` is what the weights are stored in and what every matmul takes as inputs; the matmuls sum
+    and return float32 (``preferred_element_type``), and the residual stream, norms, RoPE, softmax and
+    logits are float32 under every policy. ``precision`` is passed to every matmul explicitly,
+    so results do not depend on a global flag: on TPU, "default" float32 matmuls run in bfloat16
+    passes and on recent GPUs in TF32, either of which breaks float32 parity with the reference.
+    """
+
+    dtype: str = "float32"
+    precision: str = "highest"
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"unknown dtype {self.dtype!r}; choose one of {sorted(DTYPES)}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"unknown matmul precision {self.precision!r}; choose one of {sorted(PRECISIONS)}")
+
+    @property
+    def jnp_dtype(self):
+        return DTYPES[self.dtype]
+
+    @property
+    def lax_precision(self):
+        return PRECISIONS[self.precision]
+
+
+BF16_MIN_COMPUTE_CAPABILITY = (8, 0)  # Ampere (A100, sm 80) and later have bfloat16 tensor cores
+
+
+def _compute_capability(device) -> tuple[int, int] | None:
+    """(major, minor) of a CUDA device, from ``device.compute_capability`` ("8.0"); None when the device
+    has no such attribute (ROCm, a CPU, an older jaxlib) or it does not parse."""
+    raw = getattr(device, "compute_capability", None)
+    try:
+        major, minor = (str(raw).split(".") + ["0"])[:2]
+        return int(major), int(minor)
+    except (TypeError, ValueError):
+        return None
+
+
+def backend_numerics(backend: str | None = None, device: Any = None) -> dict:
+    """The default numerics of a backend, and why: {"backend", "dtype", "precision", "reason"}.
+
+    * cpu: float32 at "highest" precision, the parity path (logits within 1e-4 of the reference);
+    * tpu: bfloat16 weights and activations (the MXU's native input; it accumulates in float32);
+    * gpu: bfloat16 from compute capability 8.0 (A100, L4, H100: bfloat16 tensor cores), else float32.
+      A T4 (sm 7.5) has float16 but no bfloat16 tensor cores; float16 might be faster there, but it is
+      unmeasured in this lab and overflows more easily, so a T4 keeps float32 (parity) until measured.
+
+    ``device`` (default ``jax.devices()[0]``) is read for its platform and compute capability;
+    ``backend`` overrides the platform (tests pass fake devices and backends)."""
+    if backend is None:
+        backend = getattr(device, "platform", None) if device is not None else jax.default_backend()
+    backend = {"cuda": "gpu", "rocm": "gpu"}.get(str(backend).lower(), str(backend).lower())
+    if backend == "tpu":
+        dtype, reason = "bfloat16", "TPU: bfloat16 is the MXU's native input (float32 accumulation)"
+    elif backend == "gpu":
+        if device is None:
+            devices = jax.devices() if jax.default_backend() == "gpu" else []
+            device = devices[0] if devices else None
+        cc = _compute_capability(device)
+        if cc is not None and cc >= BF16_MIN_COMPUTE_CAPABILITY:
+            dtype, reason = "bfloat16", f"GPU sm {cc[0]}{cc[1]}: bfloat16 tensor cores (float32 accumulation)"
+        elif cc is not None:
+            dtype, reason = (
+                "float32",
+                f"GPU sm {cc[0]}{cc[1]} < 80: no bfloat16 tensor cores; float32 (float16 unmeasured)",
+            )
+        else:
+            dtype, reason = "float32", "GPU of unknown compute capability: float32 (the parity path)"
+    else:
+        dtype, reason = "float32", f"{backend}: float32 at highest precision (the parity path)"
+    return {"backend": backend, "dtype": dtype, "precision": default_policy(dtype).precision, "reason": reason}
+
+
+def backend_default_dtype(backend: str | None = None, device: Any = None) -> str:
+    """What ``dtype="auto"`` means here: "float32" or "bfloat16" (see :func:`backend_numerics`)."""
+    return backend_numerics(backend, device)["dtype"]
+
+
+def default_policy(dtype: str = "float32", backend: str | None = None) -> Policy:
+    """The per-backend default: float32 runs at "highest" precision everywhere (parity first);
+    bfloat16 runs at "default" precision, which is already exact for bfloat16 inputs.
+    ``dtype="auto"`` is the backend's default dtype (:func:`backend_default_dtype`)."""
+    if dtype == "auto":
+        dtype = backend_default_dtype(backend)
+    if dtype == "float32":
+        return Policy(dtype, "highest")
+    return Policy(dtype, "default")
+
+
+# --------------------------------------------------------------------------------------------------
+# Modules
+# --------------------------------------------------------------------------------------------------
+
+
+def _dense(x: Array, kernel: Array | QuantizedMatrix, policy: Policy) -> Array:
+    # [..., I] x [I, O] -> [..., O] float32: the inputs in the policy's dtype, the sums and the output in float32
+    if not isinstance(kernel, jax.Array):  # the quantization hook: a jaxlab.quant.QuantizedMatrix
+        return kernel.dot(x).astype(jnp.float32)
+    dt = policy.jnp_dtype
+    return jnp.einsum(
+        "...i,io->...o",
+        x.astype(dt),
+        kernel.astype(dt),
+        precision=policy.lax_precision,
+        preferred_element_type=jnp.float32,
+    )
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float, policy: Policy):
+        self.weight = nnx.Param(jnp.ones((dim,), policy.jnp_dtype))
+        self.eps = eps
+
+    def __call__(self, x: Array) -> Array:  # [..., D] -> [..., D]
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.weight.astype(x.dtype) * y.astype(x.dtype)
+
+
+def rope_frequencies(head_dim: int, theta: float) -> np.ndarray:
+    """Inverse frequencies 1 / theta^(2i/d), i = 0 .. d/2-1."""
+    return 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+
+
+def rope_cos_sin(positions: Array, head_dim: int, theta: float) -> tuple[Array, Array]:
+    """cos and sin tables for integer positions [B, T] -> two [B, T, head_dim] float32 arrays."""
+    inv_freq = jnp.asarray(rope_frequencies(head_dim, theta), jnp.float32)
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, d/2]
+    angles = jnp.concatenate([angles, angles], axis=-1)  # [B, T, d]
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
+    """Rotate x [B, T, ..., d] by position: x*cos + rotate_half(x)*sin ("rotate half" layout)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    extra = x.ndim - cos.ndim  # broadcast over head axes
+    cos = cos.reshape(cos.shape[:2] + (1,) * extra + cos.shape[2:])
+    sin = sin.reshape(sin.shape[:2] + (1,) * extra + sin.shape[2:])
+    x32 = x.astype(jnp.float32)
+    return (x32 * cos + rotated.astype(jnp.float32) * sin).astype(x.dtype)
+
+
+def _int8_bmm(x: Array, m8: Array, axis: int) -> Array:
+    """Batched ``x [N, R, K] . m8 [N, *, K]`` contracting ``K`` (axis ``axis`` of ``m8``) -> [N, R, M]
+    float32, for the int8 KV cache: ``x`` is written as two int8 rows (``quant.split_activations``,
+    ~15 bits) and the product runs as an int8 x int8 -> int32 matmul, which XLA:CPU runs ~2.4x faster
+    than the float32 one at batch 32 (benchmarks/NOTES.md §6). Scales of ``m8`` are applied by the caller."""
+    rows, s = split_activations(x.astype(jnp.float32))
+    acc = jax.lax.dot_general(rows, m8, (((2,), (axis,)), ((0,), (0,))), preferred_element_type=jnp.int32)
+    return join_split(acc.astype(jnp.float32), x.shape[1]) * s
+
+
+class Attention(nnx.Module):
+    """Grouped-query self-attention with an optional KV cache."""
+
+    def __init__(self, cfg: LlamaConfig, policy: Policy, rngs: nnx.Rngs):
+        init = nnx.initializers.normal(0.02)
+        d, h, kvh, hd = cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        dt = policy.jnp_dtype
+        self.wq = nnx.Param(init(rngs.params(), (d, h * hd), dt))
+        self.wk = nnx.Param(init(rngs.params(), (d, kvh * hd), dt))
+        self.wv = nnx.Param(init(rngs.params(), (d, kvh * hd), dt))
+        self.wo = nnx.Param(init(rngs.params(), (h * hd, d), dt))
+        self.cfg = cfg
+        self.policy = policy
+
+    def __call__(self, x, positions, cos, sin, key_positions, cache_kv=None, index=None):
+        # x [B, T, D]; positions [B, T]; key_positions [B, S]; cache_kv: (K [B*KVH, S, Hd], V [B*KVH, Hd, S]),
+        # plus (K scales, V scales) [B*KVH, S] for the int8 cache, or None
+        cfg, pol = self.cfg, self.policy
+        b, t, _ = x.shape
+        q = _dense(x, self.wq.get_value(), pol).reshape(b, t, cfg.n_kv_heads, cfg.q_per_kv, cfg.head_dim)
+        k = _dense(x, self.wk.get_value(), pol).reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
+        v = _dense(x, self.wv.get_value(), pol).reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # Cache layouts: K [B*KVH, S, Hd] and V [B*KVH, Hd, S]. Both attention matmuls then contract
+        # over a minor axis and have one batch axis with no size-1 dimension; with [B, S, KVH, Hd]
+        # (or any layout with a size-1 batch axis) XLA copied every layer's whole cache each step.
+        bk = b * cfg.n_kv_heads
+        k = k.transpose(0, 2, 1, 3).reshape(bk, t, cfg.head_dim)  # [B*KVH, T, Hd]
+        v = v.transpose(0, 2, 3, 1).reshape(bk, cfg.head_dim, t)  # [B*KVH, Hd, T]
+        k_scale = v_scale = None
+        if cache_kv is not None and len(cache_kv) == 4:
+            # int8 cache: each new key/value vector stored as int8 with its own scale (kvcache.quantize_kv)
+            ck, cv, cks, cvs = cache_kv
+            (kq, ks), (vq, vs) = quantize_kv(k, axis=2), quantize_kv(v, axis=1)
+            k = jax.lax.dynamic_update_slice(ck, kq, (0, index, 0))
+            v = jax.lax.dynamic_update_slice(cv, vq, (0, 0, index))
+            k_scale = jax.lax.dynamic_update_slice(cks, ks, (0, index))  # [B*KVH, S]
+            v_scale = jax.lax.dynamic_update_slice(cvs, vs, (0, index))
+            new_kv = (k, v, k_scale, v_scale)
+        elif cache_kv is not None:
+            ck, cv = cache_kv
+            k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, index, 0))
+            v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, 0, index))
+            new_kv = (k, v)
+        else:
+            new_kv = None
+        g_t = cfg.q_per_kv * t
+        q = q.transpose(0, 2, 3, 1, 4).reshape(bk, g_t, cfg.head_dim)  # [B*KVH, G*T, Hd]
+        # each of the G query heads of a group reads the same K/V head
+        if k_scale is not None:
+            scores = _int8_bmm(q, k, 2) * k_scale[:, None, :]
+        else:
+            # float32 out: under bfloat16 the scores would otherwise be rounded to 8 bits before the softmax
+            scores = jnp.einsum(
+                "nqd,nsd->nqs",
+                q.astype(pol.jnp_dtype),
+                k.astype(pol.jnp_dtype),
+                precision=pol.lax_precision,
+                preferred_element_type=jnp.float32,
+            )
+        s_len = scores.shape[-1]
+        scores = scores.astype(jnp.float32).reshape(b, cfg.n_kv_heads, cfg.q_per_kv, t, s_len) * (cfg.head_dim**-0.5)
+        visible = (key_positions[:, None, :] >= 0) & (key_positions[:, None, :] <= positions[:, :, None])
+        scores = jnp.where(visible[:, None, None], scores, MASK_VALUE)  # visible [B, T, S]
+        probs = jax.nn.softmax(scores, axis=-1).reshape(bk, g_t, s_len)
+        if v_scale is not None:  # fold each value vector's scale into its attention weight
+            out = _int8_bmm(probs * v_scale[:, None, :], v, 2)  # [B*KVH, G*T, Hd]
+        else:
+            out = jnp.einsum(
+                "nqs,nds->nqd",
+                probs.astype(pol.jnp_dtype),
+                v.astype(pol.jnp_dtype),
+                precision=pol.lax_precision,
+                preferred_element_type=jnp.float32,
+            )
+        out = out.reshape(b, cfg.n_kv_heads, cfg.q_per_kv, t, cfg.head_dim).transpose(0, 3, 1, 2, 4)
+        out = out.reshape(b, t, cfg.n_heads * cfg.head_dim).astype(x.dtype)
+        return _dense(out, self.wo.get_value(), pol), new_kv
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: LlamaConfig, policy: Policy, rngs: nnx.Rngs):
+        init = nnx.initializers.normal(0.02)
+        dt = policy.jnp_dtype
+        self.w_gate = nnx.Param(init(rngs.params(), (cfg.dim, cfg.ffn_dim), dt))
+        self.w_up = nnx.Param(init(rngs.params(), (cfg.dim, cfg.ffn_dim), dt))
+        self.w_down = nnx.Param(init(rngs.params(), (cfg.ffn_dim, cfg.dim), dt))
+        self.policy = policy
+
+    def __call__(self, x: Array) -> Array:  # [B, T, D] -> [B, T, D]
+        pol = self.policy
+        gate = _dense(x, self.w_gate.get_value(), pol)
+        up = _dense(x, self.w_up.get_value(), pol)
+        return _dense(jax.nn.silu(gate) * up, self.w_down.get_value(), pol)
+
+
+class Block(nnx.Module):
+    """Pre-norm decoder block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: LlamaConfig, policy: Policy, rngs: nnx.Rngs):
+        self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps, policy)
+        self.attn = Attention(cfg, policy, rngs)
+        self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps, policy)
+        self.mlp = MLP(cfg, policy, rngs)
+
+    def __call__(self, x, positions, cos, sin, key_positions, cache_kv=None, index=None):
+        h, new_kv = self.attn(self.attn_norm(x), positions, cos, sin, key_positions, cache_kv, index)
+        x = x + h
+        x = x + self.mlp(self.mlp_norm(x))
+        return x, new_kv
+
+
+class Llama(nnx.Module):
+    def __init__(self, cfg: LlamaConfig, policy: Policy | None = None, *, rngs: nnx.Rngs):
+        policy = policy or default_policy()
+        self.cfg = cfg
+        self.policy = policy
+        self.embed = nnx.Param(
+            nnx.initializers.normal(0.02)(rngs.params(), (cfg.vocab_size, cfg.dim), policy.jnp_dtype)
+        )
+        self.layers = nnx.List([Block(cfg, policy, rngs) for _ in range(cfg.n_layers)])
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps, policy)
+        if not cfg.tie_embeddings:
+            self.lm_head = nnx.Param(
+                nnx.initializers.normal(0.02)(rngs.params(), (cfg.dim, cfg.vocab_size), policy.jnp_dtype)
+            )
+
+    def __call__(self, tokens: Array, positions: Array, cache: KVCache | None = None, *, last_only: bool = False):
+        """tokens, positions [B, T] int -> logits [B, T or 1, V] float32, updated cache.
+
+        With a cache, the T new tokens are written at slots ``cache.index .. cache.index+T-1``.
+        ``last_only`` computes logits for the last position only (what prefill needs: with left padding
+        the last position is every row's last real token)."""
+        cfg = self.cfg
+        dt = self.policy.jnp_dtype
+        embed = self.embed.get_value()
+        # The residual stream, norms and element-wise work are float32 under every policy; only the matmul
+        # inputs take the policy's dtype (_dense). Under bfloat16 this keeps teacher-forced top-1 agreement
+        # with the float32 reference at 192/192 golden positions instead of 189/192 (tests/engine/test_backend_numerics.py).
+        if not isinstance(embed, jax.Array):  # quantized (jaxlab.quant)
+            x = embed.rows(tokens).astype(dt).astype(jnp.float32)  # [B, T, D]
+        else:
+            x = jnp.take(embed, tokens, axis=0).astype(dt).astype(jnp.float32)  # [B, T, D]
+        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
+        if cache is not None:
+            key_positions = jax.lax.dynamic_update_slice(cache.pos, positions.astype(cache.pos.dtype), (0, cache.index))
+        else:
+            key_positions = positions
+        new_kv = []
+        for i, layer in enumerate(self.layers):
+            with jax.named_scope(f"layer{i}"):
+                kv = None
+                if cache is not None:
+                    kv = (cache.k[i], cache.v[i]) + ((cache.k_scale[i], cache.v_scale[i]) if cache.k_scale else ())
+                x, kv = layer(x, positions, cos, sin, key_positions, kv, None if cache is None else cache.index)
+            if kv is not None:
+                new_kv.append(kv)
+        if last_only:
+            x = x[:, -1:]
+        x = self.norm(x)
+        if cfg.tie_embeddings:
+            # contract over the embedding's own minor axis: writing embed.T here made XLA transpose
+            # (copy) the whole [V, D] matrix on every decode step
+            if not isinstance(embed, jax.Array):
+                logits = embed.dot(x)
+            else:
+                # float32 out: bfloat16 logits (8 bits) would turn near-ties at the argmax into coin flips
+                logits = jnp.einsum(
+                    "btd,vd->btv",
+                    x.astype(dt),
+                    embed.astype(dt),
+                    precision=self.policy.lax_precision,
+                    preferred_element_type=jnp.float32,
+                )
+        else:
+            logits = _dense(x, self.lm_head.get_value(), self.policy)
+        logits = logits.astype(jnp.float32)
+        if cache is None:
+            return logits, None
+        t = tokens.shape[1]
+        parts = list(zip(*new_kv))  # k, v (, k_scale, v_scale) per layer
+        scales = dict(k_scale=tuple(parts[2]), v_scale=tuple(parts[3])) if len(parts) == 4 else {}
+        new_cache = KVCache(k=tuple(parts[0]), v=tuple(parts[1]), pos=key_positions, index=cache.index + t, **scales)
+        return logits, new_cache
+
+
+# --------------------------------------------------------------------------------------------------
+# Parameters as a pytree, and the pure step
+# --------------------------------------------------------------------------------------------------
+
+
+@jax.tree_util.register_pytree_node_class
+class Params:
+    """The model's weights as a pytree: ``state`` (the arrays) plus the static ``graphdef`` that
+    ``nnx.merge`` needs to rebuild the modules. Pass it to :func:`forward`, ``jit``, ``vmap``..."""
+
+    def __init__(self, graphdef: Any, state: nnx.State):
+        self.graphdef = graphdef
+        self.state = state
+
+    def tree_flatten(self):
+        return (self.state,), self.graphdef
+
+    @classmethod
+    def tree_unflatten(cls, graphdef, children):
+        return cls(graphdef, children[0])
+
+    @property
+    def config(self) -> LlamaConfig:
+        return self.module().cfg
+
+    @property
+    def policy(self) -> Policy:
+        return self.module().policy
+
+    def module(self) -> Llama:
+        return nnx.merge(self.graphdef, self.state)
+
+    def flat(self) -> dict[str, Array]:
+        """{"layers.0.attn.wq": array, ...}: canonical names used by the loaders and the param cache."""
+        return {param_name(path): var.get_value() for path, var in nnx.to_flat_state(self.state)}
+
+    def nbytes(self) -> int:
+        return sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(self.state))
+
+    @property
+    def quant(self) -> str | None:
+        """The quantization format of the matrices (``jaxlab.quant``), or None for float parameters."""
+        return params_format(self)
+
+    def __repr__(self):
+        cfg = self.config
+        q = f", quant={self.quant}" if self.quant else ""
+        return f"Params({cfg.name}, {cfg.n_params() / 1e6:.1f}M, dtype={self.policy.dtype}{q})"
+
+
+def param_name(path) -> str:
+    """An NNX state path -> the canonical parameter name ("layers.0.attn.wq")."""
+    return ".".join(str(p) for p in path)
+
+
+def init_params(cfg: LlamaConfig, key: Array | int = 0, policy: Policy | None = None) -> Params:
+    """Random weights (for tests and exercises)."""
+    key = jax.random.key(key) if isinstance(key, int) else key
+    graphdef, state = nnx.split(Llama(cfg, policy, rngs=nnx.Rngs(params=key)))
+    return Params(graphdef, state)
+
+
+def param_shapes(cfg: LlamaConfig, policy: Policy | None = None) -> dict[str, tuple[int, ...]]:
+    """Canonical name -> shape, without allocating anything."""
+    _, state = nnx.split(nnx.eval_shape(lambda: Llama(cfg, policy, rngs=nnx.Rngs(0))))
+    return {param_name(p): tuple(v.get_value().shape) for p, v in nnx.to_flat_state(state)}
+
+
+def params_from_flat(
+    cfg: LlamaConfig, flat: dict[str, Any], policy: Policy | None = None, source: str = "weights"
+) -> Params:
+    """Build :class:`Params` from ``{canonical name: array}``, checking every name and shape. A value
+    may be a :class:`~jaxlab.quant.QuantizedMatrix` (stored ``[out, in]``: a kernel's transpose, the
+    embedding as it is); it is placed as it is."""
+    policy = policy or default_policy()
+    abstract = nnx.eval_shape(lambda: Llama(cfg, policy, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    flat_state = nnx.to_flat_state(state)
+    expected = {param_name(p) for p, _ in flat_state}
+    missing = sorted(expected - set(flat))
+    extra = sorted(set(flat) - expected)
+    if missing or extra:
+        raise ConfigError(
+            f"{source}: parameter names do not match the model config {cfg.name!r}"
+            + (f"; missing {missing[:5]}{'...' if len(missing) > 5 else ''}" if missing else "")
+            + (f"; unexpected {extra[:5]}{'...' if len(extra) > 5 else ''}" if extra else "")
+        )
+    arrays = []
+    for path, var in flat_state:
+        name = param_name(path)
+        want = tuple(var.get_value().shape)
+        arr = flat[name]
+        shape = arr.shape if not isinstance(arr, QuantizedMatrix) or name == "embed" else arr.shape[::-1]
+        if tuple(shape) != want:
+            raise ConfigError(f"{source}: tensor {name} has shape {tuple(shape)}, the config needs {want}")
+        if isinstance(arr, jax.Array):
+            arr = arr.astype(policy.jnp_dtype)  # no-op in the policy's dtype; cast_params relies on it otherwise
+        elif not isinstance(arr, QuantizedMatrix):
+            arr = np.asarray(arr, dtype=policy.jnp_dtype)
+        arrays.append(arr)
+    arrays = jax.device_put(arrays)  # one transfer for the whole tree
+    state = nnx.from_flat_state([(p, var.replace(a)) for (p, var), a in zip(flat_state, arrays)])
+    return Params(graphdef, state)
+
+
+def forward(params: Params, tokens: Array, positions: Array, cache: KVCache | None = None, *, last_only: bool = False):
+    """The pure step: ``(params, tokens [B, T], positions [B, T], cache) -> (logits, cache)``.
+
+    Built from the NNX modules by ``nnx.merge``; ``jit`` it with ``last_only`` static."""
+    return params.module()(tokens, positions, cache, last_only=last_only)
+
+
+def cast_params(params: Params, policy: Policy) -> Params:
+    """The same weights under another dtype/precision policy."""
+    return params_from_flat(params.config, params.flat(), policy)
+
+
+def replace_config(params: Params, **changes) -> Params:
+    cfg = dataclasses.replace(params.config, **changes)
+    return params_from_flat(cfg, params.flat(), params.policy)

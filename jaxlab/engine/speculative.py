@@ -1,0 +1,561 @@
+"""Speculative decoding: guess k tokens cheaply, check them all in one forward pass of the model.
+
+A decode step at batch 1 is memory-bound: it reads every weight to produce one token. Feeding k+1
+tokens through the same step reads the weights once too, so checking k guessed tokens costs about
+as much as producing one token, *if* the step stays memory-bound. Each round:
+
+1. **draft** k tokens ``d_1..d_k`` after the last accepted token ``x``, cheaply:
+
+   * ``"ngram"`` (prompt lookup): find the context's last 3-gram (else 2-gram) earlier in the context
+     and propose the k tokens that followed it there (free, and good when the reply copies from the
+     prompt); when no row finds one, the round is a plain one-token decode step instead;
+   * ``"draft"``: a smaller model: the first L layers of the same model (plus its final norm and
+     tied output embedding; :func:`draft_params`), optionally cast to bfloat16 (a lower-precision
+     copy), run k steps with its own KV cache. :func:`early_exit_agreement` measures how well each L
+     would guess in one pass.
+
+2. **verify**: one forward pass of the target model on ``[x, d_1..d_k]`` at positions ``p..p+k``
+   (fixed shape ``[B, k+1]``, one compiled program whatever the acceptance) gives its own choice at
+   every position. Greedy: keep the longest prefix of drafts that equals the model's argmax, plus the
+   model's token after it (the correction, or a bonus token when all k were right): 1 to k+1 tokens
+   per target call, always exactly the tokens plain greedy decoding would produce.
+
+3. **roll back** the KV cache to the accepted length (:func:`jaxlab.engine.kvcache.rollback`: the write
+   index moves back and rejected slots are marked empty, so no later query can see them).
+
+Sampling uses the standard rejection rule (Leviathan et al. 2023; Chen et al. 2023), which keeps the
+target distribution exactly: accept a draft token ``d ~ q`` with probability ``min(1, p(d) / q(d))``;
+on rejection draw from ``normalize(max(0, p - q))``; if all k are accepted draw a bonus token from
+``p``. An n-gram draft is a point mass (``q = one_hot(d)``). See :func:`speculative_sample`.
+
+**Batches.** The cache has one write index for all rows, so all rows must advance by the same number
+of tokens per round. We accept the *minimum* count across the (unfinished) rows: every row's emitted
+tokens are still exactly its own greedy tokens (a row that accepted more just re-derives the rest in
+the next round), and for sampling the stopping point depends only on other rows' independent draws,
+so each row's distribution is unchanged. The price: the batch advances at the pace of its worst row,
+and a bigger batch makes the verify step less memory-bound, so the gain shrinks as the batch grows.
+
+The draft model's cache is kept in step with the target's without any variable-length call: every
+draft round starts by feeding the two tokens ``[previous, x]`` (positions ``p-1, p``), rewriting
+the previous token's slot, which fills it in the one case where it was never fed (all k accepted).
+
+:func:`speculative_generate` is the one-call API; :class:`SpeculativeDecoder` keeps its compiled
+programs between calls; :func:`measure` produces the acceptance / speed-up rows by task type for
+``jaxlab bench`` and notebook 10; :func:`step_costs` and :func:`expected_speedup` give the cost model
+(speed-up = tokens per verify call / cost of a round, in plain decode steps).
+Tests: ``tests/engine/test_speculative.py``.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxlab.engine.generate import Generator
+from jaxlab.engine.kvcache import KVCache, init_cache, left_pad, rollback
+from jaxlab.engine.model import Params, Policy, cast_params, forward, params_from_flat
+from jaxlab.engine.plan import CACHE_BUCKETS, PREFILL_BUCKETS
+from jaxlab.engine.sampling import SamplingParams, filter_logits, sample
+from jaxlab.errors import InvalidRequestError
+from jaxlab.tools.profile import CompileCounter
+
+METHODS = ("ngram", "draft")
+DEFAULT_K = 4
+DEFAULT_DRAFT_LAYERS = 8
+
+
+# --------------------------------------------------------------------------------------------------
+# Results
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SpecResult:
+    """One prompt's output and the acceptance statistics of the run it was part of.
+
+    ``proposed``/``accepted`` count this row's draft tokens and how many of them the target agreed with
+    (before the batch's lockstep minimum); ``target_calls`` is the number of verify (or plain decode)
+    calls of the target model after the prefill."""
+
+    prompt_ids: list[int]
+    generated_ids: list[int]
+    text: str = ""
+    finish_reason: str = "length"
+    method: str = "ngram"
+    k: int = DEFAULT_K
+    proposed: int = 0
+    accepted: int = 0
+    target_calls: int = 0
+    draft_calls: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    compiles: int = 0  # XLA compilations during this call (0 once warm: acceptance never changes a shape)
+    #: one entry per verify call: (drafts or None, the target's k+1 tokens, this row's accepted count,
+    #: the batch's accepted count, which decided how many tokens were emitted)
+    rounds: list = field(default_factory=list, repr=False)
+
+    @property
+    def acceptance(self) -> float:
+        """Fraction of proposed draft tokens the target agreed with (NaN when nothing was proposed)."""
+        return self.accepted / self.proposed if self.proposed else float("nan")
+
+    @property
+    def rate(self) -> float:  # the brief's name for it
+        return self.acceptance
+
+    @property
+    def tokens_per_call(self) -> float:
+        """Tokens per call of the target model in the decode phase (after the prefill, which makes the
+        first token): plain decoding makes 1, speculative decoding 1 to k+1."""
+        n = len(self.generated_ids) - 1
+        return n / self.target_calls if self.target_calls else float("nan")
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Decode speed: tokens after the first (the prefill makes that one) per decode second."""
+        n = len(self.generated_ids) - 1
+        return n / self.decode_seconds if self.decode_seconds > 0 and n > 0 else float("nan")
+
+
+# --------------------------------------------------------------------------------------------------
+# Drafters
+# --------------------------------------------------------------------------------------------------
+
+
+def ngram_propose(context: Sequence[int], k: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int] | None:
+    """Prompt lookup: the k tokens that followed the most recent earlier occurrence of the context's
+    last n-gram (longest n first, ``max_ngram`` down to ``min_ngram``); None if no n-gram recurs.
+
+    If fewer than k tokens follow the match, the proposal is padded by repeating its last token
+    (verification rejects whatever is wrong, so padding only costs acceptance)."""
+    ctx = np.asarray(context, np.int64)
+    length = len(ctx)
+    for n in range(max_ngram, min_ngram - 1, -1):
+        if length <= n:
+            continue
+        # windows starting at 0 .. length-1-n: each is followed by at least one token, and the
+        # suffix itself (starting at length-n) is excluded
+        windows = np.lib.stride_tricks.sliding_window_view(ctx[:-1], n)
+        hits = np.flatnonzero((windows == ctx[-n:]).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            proposal = ctx[start : start + k].tolist()
+            return proposal + [proposal[-1]] * (k - len(proposal))
+    return None
+
+
+_DRAFT_CACHE: "weakref.WeakKeyDictionary[Params, dict]" = weakref.WeakKeyDictionary()
+
+
+def draft_params(params: Params, layers: int | None = None, dtype: str | None = None) -> Params:
+    """A draft model made from the target's own weights, no training: its first ``layers`` blocks
+    (with the final norm and the output embedding), optionally cast to ``dtype`` ("bfloat16": a
+    lower-precision copy of float parameters). ``layers=None`` keeps every layer. Quantized parameters
+    (:mod:`jaxlab.quant`) give a draft with the same quantized matrices. Cached per (params, layers, dtype)."""
+    cfg = params.config
+    layers = cfg.n_layers if layers is None else int(layers)
+    if not 1 <= layers <= cfg.n_layers:
+        raise InvalidRequestError(f"draft layers must be in [1, {cfg.n_layers}], got {layers}")
+    policy = params.policy
+    if dtype is not None and dtype != policy.dtype and params.quant is not None:
+        raise InvalidRequestError(
+            f"a {dtype} draft is a cast of float parameters; these are quantized ({params.quant}): drop the draft dtype"
+        )
+    per = _DRAFT_CACHE.setdefault(params, {})
+    key = (layers, dtype)
+    if key not in per:
+        flat = {n: a for n, a in params.flat().items() if not n.startswith("layers.") or int(n.split(".")[1]) < layers}
+        small = params_from_flat(cfg.replace(n_layers=layers, name=f"{cfg.name}-first{layers}"), flat, policy)
+        if dtype is not None and dtype != policy.dtype:
+            small = cast_params(small, Policy(dtype, "default" if dtype != "float32" else "highest"))
+        per[key] = small
+    return per[key]
+
+
+# --------------------------------------------------------------------------------------------------
+# The acceptance rules (pure, jittable)
+# --------------------------------------------------------------------------------------------------
+
+
+def leading_accepted(accepted: jax.Array) -> jax.Array:
+    """accepted [..., k] bool -> number of leading True values [...] int32."""
+    return jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=-1), axis=-1).astype(jnp.int32)
+
+
+def greedy_accept(drafts: jax.Array, logits: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """drafts [B, k], logits [B, k+1, V] -> (the model's tokens [B, k+1], accepted count [B]).
+
+    ``out[:, j]`` is the target's greedy token after ``[x, d_1..d_j]``; the first ``n`` drafts equal
+    it, so ``out[:, :n+1]`` are exactly the next n+1 greedy tokens."""
+    out = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return out, leading_accepted(out[:, :-1] == drafts)
+
+
+def speculative_sample(p: jax.Array, q: jax.Array, drafts: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The rejection rule that keeps the target distribution.
+
+    p [..., k+1, V]: target probabilities after ``[x, d_1..d_j]`` for j = 0..k;
+    q [..., k, V]: the draft's probabilities, from which ``drafts`` [..., k] were drawn.
+    Returns (out [..., k+1], accepted [..., k] bool): ``out[j]`` is ``d_j`` if accepted (probability
+    ``min(1, p(d_j)/q(d_j))``), else a draw from ``normalize(max(0, p_j - q_j))``; ``out[k]`` is a
+    draw from ``p_k`` (the bonus token). Emit ``out[:n+1]`` with n the number of leading accepts;
+    each emitted token is then distributed exactly as ``p`` given the tokens before it."""
+    k = drafts.shape[-1]
+    k_u, k_res, k_bonus = jax.random.split(key, 3)
+    p_k = p[..., :k, :]
+    pd = jnp.take_along_axis(p_k, drafts[..., None], axis=-1)[..., 0]
+    qd = jnp.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]
+    u = jax.random.uniform(k_u, drafts.shape)
+    accepted = u * qd < pd  # u < p/q without dividing (q(d) > 0 since d was drawn from q)
+    residual = jnp.maximum(p_k - q, 0.0)
+    mass = residual.sum(-1, keepdims=True)
+    # p == q leaves no residual; then rejection has probability 0 and any fallback will do
+    residual = jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), p_k)
+    resampled = jax.random.categorical(k_res, jnp.log(residual), axis=-1).astype(jnp.int32)
+    bonus = jax.random.categorical(k_bonus, jnp.log(p[..., k, :]), axis=-1).astype(jnp.int32)
+    out = jnp.concatenate([jnp.where(accepted, drafts, resampled), bonus[..., None]], axis=-1)
+    return out, accepted
+
+
+def first_token_frequencies(p, q, n: int = 100_000, seed: int = 0, rule=None) -> np.ndarray:
+    """Frequencies of the first token emitted by a rejection ``rule`` (default :func:`speculative_sample`)
+    over ``n`` independent rounds with one draft token drawn from ``q`` [V] and target ``p`` [V]. With a
+    correct rule they approach ``p``, whatever ``q`` is."""
+    rule = rule or speculative_sample
+    p = jnp.asarray(p, jnp.float32)
+    q = jnp.asarray(q, jnp.float32)
+    k_d, k_r = jax.random.split(jax.random.key(seed))
+    drafts = jax.random.categorical(k_d, jnp.log(q), shape=(n, 1)).astype(jnp.int32)
+    pp = jnp.broadcast_to(jnp.stack([p, p]), (n, 2, p.shape[-1]))  # position 0 and the bonus position
+    qq = jnp.broadcast_to(q[None], (n, 1, q.shape[-1]))
+    out, _ = jax.jit(rule)(pp, qq, drafts, k_r)
+    return np.bincount(np.asarray(out[:, 0]), minlength=p.shape[-1]) / n
+
+
+def _probs(logits, samp):
+    return jax.nn.softmax(filter_logits(logits, samp), axis=-1)
+
+
+# --------------------------------------------------------------------------------------------------
+# The jitted programs
+# --------------------------------------------------------------------------------------------------
+
+
+def _prefill(params: Params, tokens, positions, cache: KVCache, key, samp):
+    """Prompt chunk [B, T] -> (next token [B], cache); the same computation as Generator's prefill."""
+    logits, cache = forward(params, tokens, positions, cache, last_only=True)
+    return sample(logits[:, 0], key, samp), cache
+
+
+def _verify(params: Params, tokens, positions, cache: KVCache, index, q, key, samp, onehot: bool):
+    """Roll the cache back to ``index``, run ``tokens`` [B, k+1] = [x, d_1..d_k] at ``positions``,
+    return (out [B, k+1], accepted count [B], cache). With k = 0 this is a plain decode step."""
+    greedy = samp.greedy
+    cache = rollback(cache, index)
+    logits, cache = forward(params, tokens, positions, cache)  # [B, k+1, V]
+    drafts = tokens[:, 1:]
+    if greedy:
+        out, n = greedy_accept(drafts, logits)
+    else:
+        p = _probs(logits, samp)
+        if onehot:
+            q = jax.nn.one_hot(drafts, p.shape[-1], dtype=p.dtype)
+        out, acc = speculative_sample(p, q, drafts, key)
+        n = leading_accepted(acc)
+    return out, n, cache
+
+
+def _draft(dparams: Params, prev, x, pos, cache: KVCache, index, key, samp, k: int):
+    """k draft tokens after x (at position ``pos`` [B]) with the draft model; ``index`` is the slot of
+    ``prev`` (the token before x). Returns (drafts [B, k], q [B, k, V] or None, cache)."""
+    greedy = samp.greedy
+    cache = rollback(cache, index)
+    tokens = jnp.stack([prev, x], axis=1)
+    positions = jnp.stack([pos - 1, pos], axis=1)
+    logits, cache = forward(dparams, tokens, positions, cache)
+
+    def choose(lg, key):
+        if greedy:
+            return jnp.argmax(lg, axis=-1).astype(jnp.int32), None
+        filt = filter_logits(lg, samp)
+        return jax.random.categorical(key, filt, axis=-1).astype(jnp.int32), jax.nn.softmax(filt, axis=-1)
+
+    keys = jax.random.split(key, k)
+    d0, q0 = choose(logits[:, -1], keys[0])
+
+    def body(carry, key):
+        d, p, cache = carry
+        lg, cache = forward(dparams, d[:, None], p[:, None], cache)
+        nd, nq = choose(lg[:, 0], key)
+        return (nd, p + 1, cache), (nd, nq)
+
+    (_, _, cache), (ds, qs) = jax.lax.scan(body, (d0, pos + 1, cache), keys[1:])
+    drafts = jnp.concatenate([d0[:, None], ds.T], axis=1)  # [B, k]
+    q = None if greedy else jnp.concatenate([q0[:, None], jnp.moveaxis(qs, 0, 1)], axis=1)
+    return drafts, q, cache
+
+
+prefill_step = jax.jit(_prefill, donate_argnums=(3,))
+verify_step = jax.jit(_verify, donate_argnums=(3,), static_argnames=("onehot",))
+draft_steps = jax.jit(_draft, donate_argnums=(4,), static_argnames=("k",))
+
+
+# --------------------------------------------------------------------------------------------------
+# The decoder
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SpeculativeDecoder:
+    """Speculative generation for one set of parameters; compiled programs are shared by every call
+    with the same shapes (batch, prompt bucket, cache length, k), so acceptance never recompiles.
+
+    ``method``: "ngram" (prompt lookup, n-grams from ``max_ngram`` down to ``min_ngram``) or "draft"
+    (the first ``draft_layers`` layers of the model, optionally in ``draft_dtype``). When no row finds
+    an n-gram, the round is a plain one-token decode step instead of a verify call: on a CPU a verify
+    call of k+1 tokens costs clearly more than a decode step, so a weak guess is not worth checking."""
+
+    params: Params
+    tokenizer: object = None
+    method: str = "ngram"
+    k: int = DEFAULT_K
+    draft_layers: int = DEFAULT_DRAFT_LAYERS
+    draft_dtype: str | None = None
+    max_ngram: int = 3
+    min_ngram: int = 2  # a single recurring token predicts little: no draft (a plain step) is cheaper
+    prefill_buckets: tuple = PREFILL_BUCKETS
+    cache_buckets: tuple = CACHE_BUCKETS
+    _plan: Generator = field(init=False, repr=False)
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise InvalidRequestError(f"unknown speculative method {self.method!r}; choose one of {METHODS}")
+        if isinstance(self.k, bool) or int(self.k) != self.k or self.k < 1:
+            raise InvalidRequestError(f"draft k must be a whole number >= 1, got {self.k}")
+        self.k = int(self.k)
+        self.config = self.params.config
+        # Generator.plan gives the prompt padding, prefill chunk and cache length; its programs are unused
+        self._plan = Generator(
+            self.params, self.tokenizer, prefill_buckets=self.prefill_buckets, cache_buckets=self.cache_buckets
+        )
+        self.dparams = (
+            draft_params(self.params, self.draft_layers, self.draft_dtype) if self.method == "draft" else None
+        )
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int = 32,
+        sampling: SamplingParams | None = None,
+        *,
+        seed: int = 0,
+        ignore_eos: bool = True,
+    ) -> list[SpecResult]:
+        """Generate for a batch of prompts (lists of token ids). Greedy (the default) gives exactly the
+        tokens of ``Generator(params).generate(prompts, max_new_tokens, ignore_eos=...)``."""
+        with CompileCounter() as cc:
+            results = self._generate(prompts, max_new_tokens, sampling or SamplingParams(), seed, ignore_eos)
+        for r in results:
+            r.compiles = cc.count
+        return results
+
+    def _generate(self, prompts, max_new_tokens, sampling, seed, ignore_eos):
+        greedy = sampling.greedy
+        onehot = self.method == "ngram" and not greedy  # greedy ignores q: one verify program for both
+        cfg, k = self.config, self.k
+        prompts = [list(map(int, p)) for p in prompts]
+        if not prompts or any(not p for p in prompts):
+            raise InvalidRequestError("give at least one non-empty prompt")
+        if isinstance(max_new_tokens, bool) or int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
+            raise InvalidRequestError(f"max_new_tokens must be a whole number >= 1, got {max_new_tokens}")
+        for i, p in enumerate(prompts):
+            if not all(0 <= t < cfg.vocab_size for t in p):
+                raise InvalidRequestError(f"prompt {i} has token ids outside the vocabulary [0, {cfg.vocab_size})")
+        b = len(prompts)
+        lens = [len(p) for p in prompts]
+        # k spare slots: a verify call writes k+1 tokens from the last accepted one on
+        padded, chunk, cache_len = self._plan.plan(lens, max_new_tokens + k)
+        tokens, positions = left_pad(prompts, cfg.pad_id, padded)
+        samp = sampling.state()
+        key = jax.random.key(seed)
+
+        t0 = time.perf_counter()
+        key, sub = jax.random.split(key)
+        cache = init_cache(cfg, b, cache_len, self.params.policy.jnp_dtype)
+        for c in range(0, padded, chunk):
+            nxt, cache = prefill_step(
+                self.params,
+                jnp.asarray(tokens[:, c : c + chunk]),
+                jnp.asarray(positions[:, c : c + chunk]),
+                cache,
+                sub,
+                samp,
+            )
+        dcache = None
+        if self.dparams is not None:
+            dcache = init_cache(self.dparams.config, b, cache_len, self.dparams.policy.jnp_dtype)
+            for c in range(0, padded, chunk):
+                _, dcache = prefill_step(
+                    self.dparams,
+                    jnp.asarray(tokens[:, c : c + chunk]),
+                    jnp.asarray(positions[:, c : c + chunk]),
+                    dcache,
+                    sub,
+                    samp,
+                )
+        x = np.asarray(nxt)
+        t_prefill = time.perf_counter() - t0
+
+        out_ids = [[] for _ in range(b)]
+        finish: list[str | None] = [None] * b
+        proposed, accepted = [0] * b, [0] * b
+        rounds = [[] for _ in range(b)]
+        target_calls = draft_calls = 0
+
+        def emit(i, toks):
+            for t in toks:
+                if finish[i]:
+                    return
+                if t == cfg.eos_id and not ignore_eos:
+                    finish[i] = "eos"
+                    return
+                out_ids[i].append(int(t))
+                if len(out_ids[i]) >= max_new_tokens:
+                    finish[i] = "length"
+
+        for i in range(b):
+            emit(i, [x[i]])
+        prev = tokens[:, -1].copy()  # the token before x: each row's last prompt token
+        pos = np.asarray(lens, np.int32)  # position of x, per row
+        index = padded  # cache slot where x will be written (shared by the rows)
+        t1 = time.perf_counter()
+        while not all(finish):
+            live = [i for i in range(b) if not finish[i]]
+            key, sub = jax.random.split(key)
+            q = None
+            if self.method == "ngram":
+                drafts = np.repeat(x[:, None], k, axis=1).astype(np.int32)  # filler for rows with no match
+                found = [False] * b
+                for i in live:
+                    prop = ngram_propose(prompts[i] + out_ids[i], k, self.max_ngram, self.min_ngram)
+                    if prop is not None:
+                        drafts[i], found[i] = prop, True
+                # nothing to propose in any row: a plain decode step (the same program with k = 0)
+                feed = np.concatenate([x[:, None], drafts], axis=1) if any(found) else x[:, None]
+            else:
+                d, q, dcache = draft_steps(
+                    self.dparams,
+                    jnp.asarray(prev),
+                    jnp.asarray(x),
+                    jnp.asarray(pos),
+                    dcache,
+                    jnp.int32(index - 1),
+                    sub,
+                    samp,
+                    k=k,
+                )
+                draft_calls += 1
+                drafts = np.asarray(d)
+                found = [True] * b
+                feed = np.concatenate([x[:, None], drafts], axis=1)
+            t = feed.shape[1]
+            feed_pos = pos[:, None] + np.arange(t, dtype=np.int32)[None]
+            out, n_rows, cache = verify_step(
+                self.params,
+                jnp.asarray(feed),
+                jnp.asarray(feed_pos),
+                cache,
+                jnp.int32(index),
+                q,
+                sub,
+                samp,
+                onehot=onehot,
+            )
+            target_calls += 1
+            out, n_rows = np.asarray(out), np.asarray(n_rows)
+            n = int(min(n_rows[i] for i in live))  # lockstep: every row advances by the batch's minimum
+            for i in live:
+                checked = t > 1 and found[i]
+                if checked:
+                    proposed[i] += k
+                    accepted[i] += int(n_rows[i])
+                rounds[i].append((drafts[i].tolist() if checked else None, out[i].tolist(), int(n_rows[i]), n))
+                emit(i, out[i, : n + 1])
+            prev = out[:, n - 1] if n > 0 else x
+            x = out[:, n].copy()
+            pos = pos + n + 1
+            index += n + 1
+        t_decode = time.perf_counter() - t1
+
+        results = []
+        for i in range(b):
+            text = self.tokenizer.decode(out_ids[i]) if self.tokenizer is not None else ""
+            results.append(
+                SpecResult(
+                    prompt_ids=prompts[i],
+                    generated_ids=out_ids[i],
+                    text=text,
+                    finish_reason=finish[i] or "length",
+                    method=self.method,
+                    k=k,
+                    proposed=proposed[i],
+                    accepted=accepted[i],
+                    target_calls=target_calls,
+                    draft_calls=draft_calls,
+                    prefill_seconds=t_prefill,
+                    decode_seconds=t_decode,
+                    rounds=rounds[i],
+                )
+            )
+        return results
+
+    def warmup(self, batch: int = 1, prompt_len: int = 32, max_new_tokens: int = 32, greedy: bool = True) -> float:
+        """Compile every program a generation of this shape can need (prefill, draft, verify, and the
+        plain step used when no n-gram recurs); returns the seconds it took."""
+        t0 = time.perf_counter()
+        sp = SamplingParams() if greedy else SamplingParams(temperature=1.0)
+        prompt = [(i % 5) + 3 for i in range(prompt_len)]  # repetitive: the n-gram path drafts
+        self.generate([prompt] * batch, max_new_tokens, sp)
+        if self.method == "ngram":
+            _, _, cache_len = self._plan.plan([prompt_len] * batch, max_new_tokens + self.k)
+            cache = init_cache(self.config, batch, cache_len, self.params.policy.jnp_dtype)
+            one = jnp.zeros((batch, 1), jnp.int32)
+            out = verify_step(
+                self.params,
+                one,
+                one,
+                cache,
+                jnp.int32(0),
+                None,
+                jax.random.key(0),
+                sp.state(),
+                onehot=not sp.greedy,
+            )
+            jax.block_until_ready(out)
+        return time.perf_counter() - t0
+
+
+def speculative_generate(
+    params: Params,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int = 32,
+    *,
+    method: str = "ngram",
+    k: int = DEFAULT_K,
+    draft_layers: int = DEFAULT_DRAFT_LAYERS,
+    draft_dtype: str | None = None,
+    ignore_eos: bool = True,
+    tokenizer=None,
+    sampling: SamplingParams | None = None,
+    seed: int = 0,
+) -> list[SpecResult]:
+    """Speculative generation in one call (see :class:`SpeculativeDecoder`): greedy by default, with
+    exactly plain greedy's tokens; ``sampling`` switches to the rejection rule."""
+    dec = SpeculativeDecoder(params, tokenizer, method=method, k=k, draft_layers=draft_layers, draft_dtype=draft_dtype)
+    return dec.generate(prompts, max_new_tokens, sampling, seed=seed, ignore_eos=ignore_eos)

@@ -1,0 +1,58 @@
+"""Converted parameters, cached: a model file is dequantized once, later loads read a safetensors file.
+
+Dequantizing the embedded GGUF takes a few seconds; reading the converted float32 file back
+(memory-mapped safetensors) takes well under a second. The file's name carries a hash of the source
+file's identity and of this converter's version, so a changed source or converter never serves stale
+weights. Stored in ``<cache folder>/params/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from jaxlab.engine.config import LlamaConfig
+from jaxlab.errors import ModelFileError
+
+FORMAT_VERSION = 1  # bump when the mapping from model files to parameters changes
+
+
+def source_key(path: Path, extra: str = "") -> str:
+    st = Path(path).stat()
+    ident = f"{Path(path).resolve()}|{st.st_size}|{st.st_mtime_ns}|v{FORMAT_VERSION}|{extra}"
+    return hashlib.sha256(ident.encode()).hexdigest()[:16]
+
+
+def params_file(cache: Path, source: Path, extra: str = "") -> Path:
+    return cache / "params" / f"{Path(source).stem}-{source_key(source, extra)}.safetensors"
+
+
+def save(path: Path, cfg: LlamaConfig, flat: dict[str, np.ndarray]) -> None:
+    from dataclasses import asdict
+
+    from safetensors.numpy import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".partial")
+    save_file(
+        {k: np.ascontiguousarray(v, np.float32) for k, v in flat.items()},
+        str(tmp),
+        metadata={"config": json.dumps(asdict(cfg))},
+    )
+    os.replace(tmp, path)
+
+
+def load(path: Path) -> tuple[LlamaConfig, dict[str, np.ndarray]]:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            cfg = LlamaConfig(**json.loads(f.metadata()["config"]))
+            flat = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:
+        raise ModelFileError(f"cached parameter file {path} is unreadable ({e}); delete it to rebuild") from None
+    return cfg, flat

@@ -1,0 +1,379 @@
+"""Speculative decoding, measured: acceptance and speed-up by task type (:func:`measure`), how well an
+early exit of the model guesses (:func:`early_exit_agreement`), the cost model (:func:`step_costs`,
+:func:`expected_speedup`), and the rounds shown and plotted for notebook 10 and ``jaxlab bench``.
+The decoder itself is :mod:`jaxlab.engine.speculative`."""
+
+from __future__ import annotations
+
+import time
+from typing import Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxlab.engine.generate import Generator
+from jaxlab.engine.kvcache import init_cache, left_pad
+from jaxlab.engine.model import Params, rope_cos_sin
+from jaxlab.engine.sampling import SamplingParams
+from jaxlab.engine.speculative import (
+    DEFAULT_DRAFT_LAYERS,
+    DEFAULT_K,
+    METHODS,
+    SpecResult,
+    SpeculativeDecoder,
+    draft_params,
+    draft_steps,
+    verify_step,
+)
+from jaxlab.errors import InvalidRequestError
+
+# --------------------------------------------------------------------------------------------------
+# Measuring: acceptance and speed-up by task type
+# --------------------------------------------------------------------------------------------------
+
+PARAGRAPH = (
+    "The lighthouse stood on a rock at the end of the harbour. Every evening the keeper climbed "
+    "the stairs, lit the lamp and watched the ships come home before the storm."
+)
+CODE = "def area(width, height):\n    retrun width * height\n\nprint(area(3, 4))"
+
+#: Prompts by task (all 65-128 tokens with the chat template: one prefill bucket): three whose
+#: answer copies from the prompt, and one open-ended.
+TASK_PROMPTS: dict[str, list[str]] = {
+    "copy: repeat": [f"Repeat this text exactly: {PARAGRAPH}"],
+    "copy: fix code": [f"Fix the typo in this code and show the corrected code:\n{CODE}"],
+    "copy: extract": [
+        "Extract the names of the people from this text and list them: Alice met Bob at the "
+        "station at noon, then Carol and Dave joined them for lunch with Eve, and Frank came late."
+    ],
+    "open-ended": [
+        "Write a short story about a robot who learns to paint. Give the robot a name, describe "
+        "the studio where it works, and tell what the other robots think of its first picture."
+    ],
+}
+
+
+#: The same, grouped by task *type* (with a second open-ended prompt): rows for ``jaxlab bench``.
+TASK_TYPES: dict[str, list[str]] = {
+    "copy-heavy": [p for task, ps in TASK_PROMPTS.items() if task.startswith("copy") for p in ps],
+    "open-ended": TASK_PROMPTS["open-ended"]
+    + [
+        "Write a short poem about the sea at night, in four lines, with the moon, a boat and a lighthouse in it, "
+        "and say in one sentence afterwards what the poem is about."
+    ],
+}
+
+
+def chat_prompt(tokenizer, text: str) -> list[int]:
+    """A user message rendered with the model's chat template, ready for the assistant's reply."""
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+
+
+def measure(
+    params: Params,
+    tokenizer,
+    prompts_by_task: Mapping[str, Sequence] | None = None,
+    k: int = DEFAULT_K,
+    max_new_tokens: int = 32,
+    methods: Sequence[str] = METHODS,
+    draft_layers: int = DEFAULT_DRAFT_LAYERS,
+    repeats: int = 2,
+    batch: int = 1,
+    generator: Generator | None = None,
+    outputs: dict | None = None,
+) -> list[dict]:
+    """Acceptance and decode speed-up against plain greedy (:class:`jaxlab.Generator`), by task.
+
+    Prompts are texts (wrapped in the chat template) or id lists. With ``batch`` 1 each prompt runs
+    alone; otherwise each task's prompts are cycled to fill one batch. Plain and speculative runs of a
+    prompt are interleaved ``repeats`` times and the fastest of each is kept (a shared machine's load
+    comes in bursts); a run that compiled anything is run again, so no timing includes compilation.
+    Returns one row per (task, method): task, method, k, batch, acceptance (fraction of draft tokens
+    kept), tokens/call (decode-phase tokens per target-model call; plain decoding: 1), plain and
+    speculative decode tokens/s, speed-up, and identical ("yes" when every row's tokens equal plain
+    greedy's). Pass ``generator`` to reuse a :class:`jaxlab.Generator` (and its compiled programs)
+    for the baseline, and a dict as ``outputs`` to receive each task's prompts and plain greedy
+    tokens (``{task: (prompt id lists, generated id lists)}``)."""
+    prompts_by_task = TASK_PROMPTS if prompts_by_task is None else prompts_by_task
+    as_ids = {
+        task: [chat_prompt(tokenizer, p) if isinstance(p, str) else list(p) for p in ps]
+        for task, ps in prompts_by_task.items()
+    }
+    batches = {
+        task: ([[p] for p in ps] if batch == 1 else [[ps[i % len(ps)] for i in range(batch)]])
+        for task, ps in as_ids.items()
+    }
+    plain = generator or Generator(params, tokenizer)
+    decoders = {m: SpeculativeDecoder(params, tokenizer, method=m, k=k, draft_layers=draft_layers) for m in methods}
+    runners = {
+        "plain": (
+            lambda ps: plain.generate(ps, max_new_tokens, ignore_eos=True),
+            lambda res: res[0].compile_seconds > 0,
+        )
+    }
+    for m, dec in decoders.items():
+        runners[m] = (lambda ps, dec=dec: dec.generate(ps, max_new_tokens), lambda res: res[0].compiles > 0)
+
+    rows = []
+    for task, group in batches.items():
+        totals = {
+            name: {"secs": 0.0, "tokens": 0, "proposed": 0, "accepted": 0, "calls": 0, "same": True} for name in runners
+        }
+        reference = []
+        for prompts in group:
+            best: dict = {}
+            for _ in range(max(1, repeats)):
+                for name, (run, compiled) in runners.items():
+                    res = run(prompts)
+                    while compiled(res):
+                        res = run(prompts)
+                    secs = max(r.decode_seconds for r in res)
+                    if name not in best or secs < best[name][0]:
+                        best[name] = (secs, res)
+            ref = [r.generated_ids for r in best["plain"][1]]
+            reference.append(ref)
+            for name, (secs, res) in best.items():
+                t = totals[name]
+                t["secs"] += secs
+                t["tokens"] += sum(len(r.generated_ids) - 1 for r in res)
+                if name != "plain":
+                    t["proposed"] += sum(r.proposed for r in res)
+                    t["accepted"] += sum(r.accepted for r in res)
+                    t["calls"] += res[0].target_calls * len(res)
+                    t["same"] &= [r.generated_ids for r in res] == ref
+        if outputs is not None:
+            outputs[task] = ([p for prompts in group for p in prompts], [g for ref in reference for g in ref])
+        plain_tps = totals["plain"]["tokens"] / totals["plain"]["secs"]
+        for m in decoders:
+            t = totals[m]
+            spec_tps = t["tokens"] / t["secs"]
+            rows.append(
+                {
+                    "task": task,
+                    "method": m if m == "ngram" else f"draft L={draft_layers}",
+                    "k": k,
+                    "batch": batch,
+                    "acceptance": t["accepted"] / t["proposed"] if t["proposed"] else float("nan"),
+                    "tokens/call": t["tokens"] / t["calls"],
+                    "plain tok/s": plain_tps,
+                    "spec tok/s": spec_tps,
+                    "speed-up": spec_tps / plain_tps,
+                    "identical": "yes" if t["same"] else "no",
+                }
+            )
+    return rows
+
+
+def _exit_tokens(params: Params, tokens, positions, layers: tuple, n_score: int):
+    """Greedy tokens of the model cut after each of ``layers`` (final norm and output embedding applied to
+    that layer's output), at the last ``n_score`` positions but one: [len(layers), B, n_score]."""
+    mod = params.module()
+    cfg = mod.cfg
+    x = jnp.take(mod.embed[...], tokens, axis=0).astype(mod.policy.jnp_dtype)
+    cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
+    picks = []
+    for i, layer in enumerate(mod.layers):
+        x, _ = layer(x, positions, cos, sin, positions)
+        if i + 1 in layers:
+            h = mod.norm(x[:, -n_score - 1 : -1])
+            logits = (
+                jnp.einsum("btd,vd->btv", h, mod.embed[...].astype(h.dtype), precision=mod.policy.lax_precision)
+                if cfg.tie_embeddings
+                else h @ mod.lm_head[...]
+            )
+            picks.append(jnp.argmax(logits, axis=-1))
+    return jnp.stack(picks)
+
+
+_jit_exit_tokens = jax.jit(_exit_tokens, static_argnames=("layers", "n_score"))
+
+
+def early_exit_agreement(
+    params: Params,
+    prompts: Sequence[Sequence[int]],
+    generated: Sequence[Sequence[int]],
+    layers: Sequence[int] | None = None,
+) -> dict[int, float]:
+    """How often would a draft made of the first L layers guess the model's next greedy token?
+
+    For each L, the fraction of the ``generated`` tokens (all but the first) that the model cut after
+    L layers predicts from the true context: exactly the chance that such a draft's token is accepted
+    when the tokens before it were right (the per-token acceptance rate). One forward pass scores every
+    L; the full depth must give 1.0, which checks the probe itself. ``generated`` rows must have equal
+    lengths (e.g. greedy runs with EOS ignored)."""
+    cfg = params.config
+    layers = tuple(sorted(set(layers or range(1, cfg.n_layers + 1))))
+    g = {len(x) for x in generated}
+    if len(g) != 1 or min(g) < 2:
+        raise InvalidRequestError("give generated rows of one length >= 2")
+    n_score = g.pop() - 1
+    seqs = [list(p) + list(x) for p, x in zip(prompts, generated)]
+    tokens, positions = left_pad(seqs, cfg.pad_id)
+    picks = np.asarray(_jit_exit_tokens(params, jnp.asarray(tokens), jnp.asarray(positions), layers, n_score))
+    truth = np.asarray([list(x)[1:] for x in generated])  # [B, n_score]
+    return {L: float((picks[j] == truth).mean()) for j, L in enumerate(layers)}
+
+
+def step_costs(
+    params: Params,
+    k: int = DEFAULT_K,
+    batch: int = 1,
+    draft_layers: int | None = DEFAULT_DRAFT_LAYERS,
+    prompt_len: int = 128,
+    max_new_tokens: int = 32,
+    repeats: int = 5,
+) -> dict[str, float]:
+    """Seconds (best of ``repeats``) of one plain decode step (T=1), one verify step (T=k+1) and, with
+    ``draft_layers``, one draft round (k tokens of the draft model), with the same programs and shapes
+    a generation of ``batch`` prompts of ``prompt_len`` tokens uses."""
+    dec = SpeculativeDecoder(params, k=k)
+    _, _, cache_len = dec._plan.plan([prompt_len] * batch, max_new_tokens + k)
+    samp = SamplingParams().state()
+    key = jax.random.key(0)
+    index = jnp.int32(prompt_len)
+    pos = jnp.full((batch,), prompt_len, jnp.int32)
+
+    def best(call, cache):
+        times = []
+        for _ in range(repeats + 1):  # the first call may compile
+            t0 = time.perf_counter()
+            out, cache = call(cache)
+            jax.block_until_ready(out)
+            times.append(time.perf_counter() - t0)
+        return min(times[1:])
+
+    def verify(t):
+        toks = jnp.ones((batch, t), jnp.int32)
+        positions = pos[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
+        return lambda c: (lambda o: (o[0], o[2]))(
+            verify_step(params, toks, positions, c, index, None, key, samp, onehot=False)
+        )
+
+    costs = {
+        "decode_s": best(verify(1), init_cache(params.config, batch, cache_len, params.policy.jnp_dtype)),
+        "verify_s": best(verify(k + 1), init_cache(params.config, batch, cache_len, params.policy.jnp_dtype)),
+    }
+    if draft_layers:
+        dp = draft_params(params, draft_layers)
+        ones = jnp.ones((batch,), jnp.int32)
+        costs["draft_s"] = best(
+            lambda c: (lambda o: (o[0], o[2]))(draft_steps(dp, ones, ones, pos, c, index - 1, key, samp, k=k)),
+            init_cache(dp.config, batch, cache_len, dp.policy.jnp_dtype),
+        )
+    return costs
+
+
+def expected_tokens_per_call(alpha, k: int):
+    """Expected tokens per verify call when each draft token is accepted with probability ``alpha``
+    (independently): 1 + alpha + ... + alpha^k = (1 - alpha^(k+1)) / (1 - alpha)."""
+    alpha = np.asarray(alpha, np.float64)
+    return np.where(alpha < 1, (1 - alpha ** (k + 1)) / np.where(alpha < 1, 1 - alpha, 1), k + 1.0)
+
+
+def expected_speedup(alpha, k: int, verify_cost: float, draft_cost: float = 0.0):
+    """Predicted speed-up over plain decoding: tokens per round / cost of a round, where a round costs
+    one verify step (``verify_cost`` plain decode steps) plus k draft steps (``draft_cost`` each)."""
+    return expected_tokens_per_call(alpha, k) / (verify_cost + k * draft_cost)
+
+
+# --------------------------------------------------------------------------------------------------
+# Showing the rounds
+# --------------------------------------------------------------------------------------------------
+
+
+def _piece(tokenizer, t: int) -> str:
+    """A token's text for a table cell: newlines escaped, a token of spaces shown as ␣."""
+    if tokenizer is None:
+        return str(t)
+    text = tokenizer.decode([t])
+    return "␣" * len(text) if text and not text.strip(" ") else text.replace("\n", "\\n")
+
+
+def describe_rounds(result: SpecResult, tokenizer=None, max_rounds: int = 6) -> list[dict]:
+    """The first rounds of a run as table rows: what was drafted, how much of it the model kept, the
+    model's own token (correction or bonus), and the text emitted."""
+    rows = []
+    for r, (drafts, out, _own, n) in enumerate(result.rounds[:max_rounds], 1):
+        rows.append(
+            {
+                "round": r,
+                "drafted": "|".join(_piece(tokenizer, t) for t in drafts) if drafts else "(no draft)",
+                "kept": n if drafts else 0,
+                "model's token": _piece(tokenizer, out[n]),
+                "emitted": "".join(_piece(tokenizer, t) for t in out[: n + 1]),
+            }
+        )
+    return rows
+
+
+def plot_rounds(result: SpecResult, tokenizer=None, max_rounds: int = 8, ax=None):
+    """Draw the rounds: drafted tokens in green (kept) or red (the first wrong one; later ones grey,
+    never looked at), then the model's own token in blue. Returns the matplotlib axes."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    rounds = result.rounds[:max_rounds]
+    k = result.k
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.5 * (k + 1) + 1, 0.55 * len(rounds) + 0.8))
+    for r, (drafts, out, _own, n) in enumerate(rounds):
+        y = len(rounds) - 1 - r
+        if drafts is None:  # no n-gram recurred: a plain decode step
+            ax.add_patch(Rectangle((0, y + 0.1), k - 0.05, 0.8, facecolor="white", edgecolor="gray"))
+            ax.text(k / 2, y + 0.5, "no draft: a plain decode step", ha="center", va="center", fontsize=8, color="gray")
+            cells = [None] * k
+        else:
+            cells = [
+                (_piece(tokenizer, d), "#8fd694" if j < n else ("#f08080" if j == n else "#dddddd"))
+                for j, d in enumerate(drafts)
+            ]
+        cells.append((_piece(tokenizer, out[n]), "#8ab6f9"))
+        for j, cell in enumerate(cells):
+            if cell is None:
+                continue
+            x = j + (0.3 if j == k else 0)
+            ax.add_patch(Rectangle((x, y + 0.1), 0.95, 0.8, facecolor=cell[1], edgecolor="gray"))
+            ax.text(x + 0.475, y + 0.5, cell[0][:10], ha="center", va="center", fontsize=8)
+    ax.set_xlim(0, k + 1.3)
+    ax.set_ylim(0, len(rounds))
+    ax.set_yticks([len(rounds) - 1 - r + 0.5 for r in range(len(rounds))])
+    ax.set_yticklabels([f"round {r + 1}" for r in range(len(rounds))])
+    ax.set_xticks([j + 0.475 for j in range(k)] + [k + 0.775])
+    ax.set_xticklabels([f"draft {j + 1}" for j in range(k)] + ["model"])
+    ax.grid(False)
+    ax.set_title("green: kept, red: first wrong guess, grey: not used, blue: the model's own token", fontsize=9)
+    return ax
+
+
+def plot_speedup(costs: dict, k: int, measured: Sequence[dict] = (), ax=None):
+    """Speed-up against tokens per verify call: the cost model ``speed-up = tokens per call / cost of a
+    round`` (in plain decode steps) with this machine's measured step costs (:func:`step_costs`), for
+    n-gram drafts (free) and the draft model (k draft steps per round), next to the ideal of a verify
+    step that costs one decode step (a memory-bound step on a GPU or TPU comes close); ``measured``
+    rows (from :func:`measure`) are drawn as points. Returns the matplotlib axes."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots()
+    x = np.linspace(1, k + 1, 50)
+    verify = costs["verify_s"] / costs["decode_s"]
+    ax.plot(x, x, "k--", label="ideal: verify costs 1 decode step")
+    ax.plot(x, x / verify, label=f"n-gram drafts (verify = {verify:.1f} decode steps)")
+    if "draft_s" in costs:
+        draft = costs["draft_s"] / costs["decode_s"]
+        ax.plot(x, x / (verify + draft), label=f"draft model ({k} draft tokens = {draft:.1f} decode steps)")
+    for i, r in enumerate(measured):
+        ax.plot(r["tokens/call"], r["speed-up"], "o", color="C0" if r["method"] == "ngram" else "C1")
+        ax.annotate(
+            r["task"],
+            (r["tokens/call"], r["speed-up"]),
+            fontsize=7,
+            xytext=(5, 4 if i % 2 else -10),
+            textcoords="offset points",
+        )
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xlabel("tokens per verify call")
+    ax.set_ylabel("speed-up over plain decoding")
+    ax.legend(fontsize=7)
+    return ax

@@ -1,0 +1,585 @@
+"""The lab's generation stages as small functions, each measured the same way (notebooks 04 and 06).
+
+Notebook 04 walks from the obvious loop to the fast one. Every stage is greedy and must give the same
+tokens; what changes is how much is recomputed and how often XLA compiles:
+
+1. :func:`naive_generate` - recompute the whole sequence every token with ``jit(forward)``. The
+   sequence grows, so every token is a new input shape, and a new shape is a new compilation.
+2. :func:`padded_generate` - the same recomputation inside a fixed-shape buffer whose length is a
+   *bucket* (:func:`jaxlab.engine.generate.bucket`); unused slots hold position -1 (padding), so the mask hides
+   them. One compilation serves every step and every prompt that fits the bucket.
+3. :func:`cached_generate` - prefill the prompt once into a KV cache, then a one-token
+   :func:`greedy_decode_step` per token (jitted, the cache donated so it is updated in place). The host
+   sees every token, as streaming and EOS checks need. ``jit=False`` runs the same step eagerly, op by op:
+   the baseline for jit's speed-up.
+4. :func:`on_device_generate` - prefill, then the whole loop in one ``lax.fori_loop``
+   (:func:`jaxlab.engine.generate.decode_on_device`): no host round trip per token.
+
+Each returns a :class:`StageRun` (tokens, number of compilations, compile seconds, run seconds).
+Compilation is timed apart from execution with ahead-of-time compilation,
+``jax.jit(f).lower(*args).compile()``, and compiled programs are kept per input signature (shapes and
+dtypes, the very key ``jit`` caches on) in one table for the process, so a second call with a known
+signature compiles nothing.
+
+Notebook 06 batches and samples:
+
+* :func:`single_sequence_step` handles one sequence (no batch axis); :func:`vmap_step` is ``jax.vmap``
+  of it, :func:`batched_step` the natively batched model. :func:`step_generate` runs either over a
+  ragged, left-padded batch (:func:`left_pad`: padding at position -1) one token per call.
+* :func:`throughput_vs_batch` times a decode step at several batch sizes, :func:`decode_step_cost`
+  counts its FLOPs and bytes, and :func:`add_roofline` puts each row against the machine's roofline.
+* :func:`filtered_probabilities` and :func:`sample_frequencies` show what each sampling filter leaves
+  of a toy distribution; :class:`Explorer` is an ipywidgets front end whose callback
+  (:meth:`Explorer.generate`) also runs headless.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxlab.engine.generate import decode_on_device
+from jaxlab.engine.kvcache import KVCache, init_cache, left_pad
+from jaxlab.engine.model import Params, forward
+from jaxlab.engine.plan import CACHE_BUCKETS, PREFILL_BUCKETS, bucket
+from jaxlab.engine.sampling import SamplingParams, filter_logits, sample
+from jaxlab.tools.profile import CompileCounter
+
+#: Buffer lengths of the padded (recompute) stage: prompt + new tokens, rounded up to one of these.
+SEQ_BUCKETS = (64, 128, 256, 512)
+
+
+# --------------------------------------------------------------------------------------------------
+# Compiled programs, kept per signature, and a meter that separates compiling from running
+# --------------------------------------------------------------------------------------------------
+
+
+def signature(name: str, args: Sequence[Any], static: dict | None = None) -> tuple:
+    """What a compiled program is keyed on: the tree structure, every leaf's shape and dtype, statics."""
+    leaves, treedef = jax.tree.flatten(tuple(args))
+    shapes = tuple((tuple(a.shape), str(a.dtype), bool(getattr(a, "weak_type", False))) for a in leaves)
+    return name, treedef, shapes, tuple(sorted((static or {}).items()))
+
+
+_PROGRAMS: dict[tuple, Callable] = {}
+
+
+@dataclass
+class Meter:
+    """Counts compilations and accumulates compile and run seconds for one stage run."""
+
+    compiles: int = 0  # programs compiled (XLA compile requests, including loads from the disk cache)
+    from_disk: int = 0  # of those, loaded from the persistent compilation cache
+    compile_s: float = 0.0  # trace + lower + compile
+    run_s: float = 0.0  # synchronized execution
+
+    def program(self, name: str, jitted, *args, **static) -> Callable:
+        """The compiled program for these arguments; compiles it (timed, counted) if it is new."""
+        sig = signature(name, args, static)
+        fn = _PROGRAMS.get(sig)
+        if fn is None:
+            with CompileCounter() as cc:
+                t0 = time.perf_counter()
+                fn = jitted.lower(*args, **static).compile()
+                self.compile_s += time.perf_counter() - t0
+            self.compiles += cc.count
+            self.from_disk += cc.cache_hits
+            _PROGRAMS[sig] = fn
+        return fn
+
+    def run(self, fn: Callable, *args):
+        """``fn(*args)``, waited for (JAX dispatches asynchronously), its seconds added to ``run_s``."""
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(fn(*args))
+        self.run_s += time.perf_counter() - t0
+        return out
+
+
+@dataclass
+class StageRun:
+    """What one stage produced and what it cost."""
+
+    name: str
+    tokens: list[int]
+    compiles: int
+    compile_s: float
+    run_s: float
+    from_disk: int = 0
+    step_s: list[float] = field(default_factory=list)  # per-token seconds where the stage has a step
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens per second of execution (compilation excluded)."""
+        return len(self.tokens) / self.run_s if self.run_s else float("nan")
+
+    @property
+    def tokens_per_s_with_compile(self) -> float:
+        """Generated tokens per second when this run's compilation is counted too (the first request)."""
+        total = self.run_s + self.compile_s
+        return len(self.tokens) / total if total else float("nan")
+
+    def row(self) -> dict:
+        return {
+            "stage": self.name,
+            "tokens": len(self.tokens),
+            "compiles": self.compiles,
+            "compile s": self.compile_s,
+            "run s": self.run_s,
+            "tokens/s": self.tokens_per_s,
+            "tokens/s incl. compile": self.tokens_per_s_with_compile,
+        }
+
+
+def _run(name: str, meter: Meter, tokens: list[int], step_s: list[float] | None = None) -> StageRun:
+    return StageRun(
+        name,
+        [int(t) for t in tokens],
+        meter.compiles,
+        meter.compile_s,
+        meter.run_s,
+        meter.from_disk,
+        list(step_s or []),
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# The pure pieces the stages jit
+# --------------------------------------------------------------------------------------------------
+
+
+def _next_from_full(params: Params, tokens, positions, last):
+    """Recompute everything: tokens, positions [1, L] -> argmax of the logits at index ``last`` [1]."""
+    logits, _ = forward(params, tokens, positions)  # [1, L, V]
+    row = jax.lax.dynamic_index_in_dim(logits, last, axis=1, keepdims=False)  # [1, V]
+    return jnp.argmax(row, axis=-1).astype(jnp.int32)
+
+
+def _prefill_greedy(params: Params, tokens, positions, cache: KVCache):
+    """Prompt [B, T] (left-padded) -> (greedy first token [B], cache holding the prompt)."""
+    logits, cache = forward(params, tokens, positions, cache, last_only=True)
+    return jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32), cache
+
+
+def greedy_decode_step(params: Params, token, pos, cache: KVCache):
+    """One greedy decode step: token, pos [B] int -> (next token [B] int32, updated cache).
+
+    The token is written into the cache at slot ``cache.index``; attention reads every slot whose
+    position lies in [0, pos]. This is the function the notebook-04 exercise asks you to write."""
+    logits, cache = forward(params, token[:, None], pos[:, None], cache)  # logits [B, 1, V]
+    return jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32), cache
+
+
+_jit_next_from_full = jax.jit(_next_from_full)
+_jit_prefill = jax.jit(_prefill_greedy, donate_argnums=(3,))
+_jit_decode = jax.jit(greedy_decode_step, donate_argnums=(3,))
+_jit_on_device = jax.jit(decode_on_device, static_argnames=("steps", "sampling"), donate_argnums=(3,))
+
+
+# --------------------------------------------------------------------------------------------------
+# Padding
+# --------------------------------------------------------------------------------------------------
+
+
+def pad_to_bucket(ids: Sequence[int], buckets: Sequence[int], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """One prompt, left-padded to the smallest bucket that holds it -> (tokens [L], positions [L]) int32.
+
+    Padding tokens are ``pad_id`` at position -1; the prompt's tokens sit at positions 0..n-1 at the
+    right end. This is the function the notebook-04 exercise asks you to write."""
+    tokens, positions = left_pad([list(ids)], pad_id, bucket(len(ids), buckets))
+    return tokens[0], positions[0]
+
+
+# --------------------------------------------------------------------------------------------------
+# Notebook 04: the four stages
+# --------------------------------------------------------------------------------------------------
+
+
+def naive_generate(params: Params, prompt_ids: Sequence[int], n: int) -> StageRun:
+    """Stage 1: greedy by recomputing the whole, growing sequence each token (no cache, no padding).
+
+    Each token makes the input one longer: a new shape, so ``jit`` traces and compiles again."""
+    meter, seq = Meter(), list(prompt_ids)
+    for _ in range(n):
+        tokens = jnp.asarray([seq], jnp.int32)  # [1, T]: T grows by one every token
+        positions = jnp.arange(len(seq), dtype=jnp.int32)[None]
+        last = jnp.int32(len(seq) - 1)
+        fn = meter.program("naive", _jit_next_from_full, params, tokens, positions, last)
+        seq.append(int(meter.run(fn, params, tokens, positions, last)[0]))
+    return _run("1 naive: recompute, new shape per token", meter, seq[len(prompt_ids) :])
+
+
+def padded_generate(
+    params: Params, prompt_ids: Sequence[int], n: int, buckets: Sequence[int] = SEQ_BUCKETS
+) -> StageRun:
+    """Stage 2: the same recomputation in a fixed-shape buffer of ``bucket(len(prompt) + n)`` slots.
+
+    The prompt sits at the left, unused slots hold position -1 (masked). The buffer's shape never
+    changes, so one compiled program serves every step, and every prompt in the same bucket."""
+    cfg = params.config
+    t = len(prompt_ids)
+    length = bucket(t + n, buckets)
+    tokens = np.full((1, length), cfg.pad_id, np.int32)
+    positions = np.full((1, length), -1, np.int32)
+    tokens[0, :t], positions[0, :t] = prompt_ids, np.arange(t)
+    meter, out = Meter(), []
+    for i in range(n):
+        args = (params, jnp.asarray(tokens), jnp.asarray(positions), jnp.int32(t + i - 1))
+        fn = meter.program("padded", _jit_next_from_full, *args)
+        nxt = int(meter.run(fn, *args)[0])
+        tokens[0, t + i], positions[0, t + i] = nxt, t + i
+        out.append(nxt)
+    return _run(f"2 padded to {length}: recompute, fixed shape", meter, out)
+
+
+def _prefill(params: Params, prompt_ids: Sequence[int], n: int, meter: Meter, cache_buckets=CACHE_BUCKETS):
+    """Left-pad the prompt to its prefill bucket, run it once -> (first token [1], cache)."""
+    cfg = params.config
+    tokens, positions = pad_to_bucket(prompt_ids, PREFILL_BUCKETS, cfg.pad_id)
+    cache = init_cache(cfg, 1, bucket(len(tokens) + n, cache_buckets), params.policy.jnp_dtype)
+    args = (params, jnp.asarray(tokens[None]), jnp.asarray(positions[None]), cache)
+    fn = meter.program("prefill", _jit_prefill, *args)
+    return meter.run(fn, *args)
+
+
+def cached_generate(
+    params: Params, prompt_ids: Sequence[int], n: int, *, jit: bool = True, cache_buckets: Sequence[int] = CACHE_BUCKETS
+) -> StageRun:
+    """Stage 3: prefill once, then one :func:`greedy_decode_step` per token, the loop on the host.
+
+    ``jit=False`` runs the decode step eagerly (op by op, each op dispatched from Python); its first
+    step, which compiles every op's small program, is counted as compile time."""
+    meter = Meter()
+    tok, cache = _prefill(params, prompt_ids, n, meter, cache_buckets)
+    out, step_s = [int(tok[0])], []
+    pos = np.array([len(prompt_ids)], np.int32)
+    for i in range(n - 1):
+        args = (params, tok, jnp.asarray(pos), cache)
+        if jit:
+            fn = meter.program("decode", _jit_decode, *args)
+            before = meter.run_s
+            tok, cache = meter.run(fn, *args)
+            step_s.append(meter.run_s - before)
+        else:
+            t0 = time.perf_counter()
+            with CompileCounter() as cc:
+                tok, cache = jax.block_until_ready(greedy_decode_step(*args))
+            seconds = time.perf_counter() - t0
+            if i == 0:  # the first eager call compiles each op's program: that is its "compile"
+                meter.compiles += cc.count
+                meter.from_disk += cc.cache_hits
+                meter.compile_s += seconds
+            else:
+                meter.run_s += seconds
+                step_s.append(seconds)
+        out.append(int(tok[0]))  # the host reads every token (streaming, EOS)
+        pos = pos + 1
+    name = "3 cached: jitted step, host loop" if jit else "3e cached: eager step (no jit)"
+    return _run(name, meter, out, step_s)
+
+
+def on_device_generate(
+    params: Params, prompt_ids: Sequence[int], n: int, cache_buckets: Sequence[int] = CACHE_BUCKETS
+) -> StageRun:
+    """Stage 4: prefill, then every decode step inside one ``lax.fori_loop`` on the device."""
+    meter = Meter()
+    tok, cache = _prefill(params, prompt_ids, n, meter, cache_buckets)
+    args = (params, tok, jnp.asarray([len(prompt_ids)], jnp.int32), cache)
+    fn = meter.program("on_device", _jit_on_device, *args, steps=n)
+    out, _ = meter.run(fn, *args)
+    return _run("4 on device: whole loop in fori_loop", meter, np.asarray(out)[0].tolist())
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first position where two token lists differ (over the shorter length), or None."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None
+
+
+def break_even_tokens(compile_s: float, fast_step_s: float, slow_step_s: float) -> float:
+    """How many tokens it takes for compiling to pay for itself against a slower, uncompiled step."""
+    saved = slow_step_s - fast_step_s
+    return compile_s / saved if saved > 0 else float("inf")
+
+
+# --------------------------------------------------------------------------------------------------
+# Notebook 06: vmap vs a batched model, ragged batches, throughput against batch size
+# --------------------------------------------------------------------------------------------------
+
+
+def single_sequence_step(params: Params, token, pos, cache: KVCache):
+    """One sequence, no batch axis on the tokens: token, pos [] int; ``cache`` a batch-1 cache.
+
+    -> (logits [V], cache). Written for one example, as equinox-style layers are; ``vmap`` batches it
+    (:func:`vmap_step`)."""
+    logits, cache = forward(params, token[None, None], pos[None, None], cache)  # [1, 1, V]
+    return logits[0, 0], cache
+
+
+def _rows(a, b: int):
+    """[B*X, ...] -> [B, X, ...]: each row's slice is then exactly a batch-1 cache array (any layout
+    whose leading axis is the batch, alone or merged with heads)."""
+    return a.reshape((b, a.shape[0] // b) + a.shape[1:])
+
+
+def _unrows(a):
+    return a.reshape((a.shape[0] * a.shape[1],) + a.shape[2:])
+
+
+def cache_axes(n_layers: int) -> KVCache:
+    """``vmap`` axes for a cache split into rows: rows on axis 0, the write index shared (not mapped)."""
+    return KVCache(k=(0,) * n_layers, v=(0,) * n_layers, pos=0, index=None)
+
+
+def vmap_step(params: Params, tokens, pos, cache: KVCache):
+    """``jax.vmap`` of :func:`single_sequence_step`: tokens, pos [B] -> (next [B], logits [B, V], cache).
+
+    The batched cache is viewed as B batch-1 caches (a free reshape), vmapped over, and viewed back."""
+    b = tokens.shape[0]
+    rows = KVCache(
+        tuple(_rows(a, b) for a in cache.k), tuple(_rows(a, b) for a in cache.v), _rows(cache.pos, b), cache.index
+    )
+    axes = cache_axes(len(cache.k))
+    logits, rows = jax.vmap(single_sequence_step, in_axes=(None, 0, 0, axes), out_axes=(0, axes))(
+        params, tokens, pos, rows
+    )
+    cache = KVCache(tuple(map(_unrows, rows.k)), tuple(map(_unrows, rows.v)), _unrows(rows.pos), rows.index)
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32), logits, cache
+
+
+def batched_step(params: Params, tokens, pos, cache: KVCache):
+    """The natively batched model: tokens, pos [B] -> (next [B], logits [B, V], cache)."""
+    logits, cache = forward(params, tokens[:, None], pos[:, None], cache)
+    logits = logits[:, 0]
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32), logits, cache
+
+
+_STEPS = {"batched": jax.jit(batched_step, donate_argnums=(3,)), "vmap": jax.jit(vmap_step, donate_argnums=(3,))}
+
+
+@dataclass
+class BatchRun:
+    """Greedy tokens of a batch fed one token per call, with the costs."""
+
+    tokens: np.ndarray  # [B, n] generated ids
+    last_logits: np.ndarray  # [B, V] logits of the last step
+    compiles: int
+    compile_s: float
+    step_s: list[float]  # seconds of each call (compilation excluded)
+
+    @property
+    def median_step_s(self) -> float:
+        return float(np.median(self.step_s))
+
+    @property
+    def best_step_s(self) -> float:
+        return float(np.min(self.step_s))
+
+
+def step_generate(
+    params: Params, prompts: Sequence[Sequence[int]], n: int, *, step: str = "batched", cache_len: int = 64
+) -> BatchRun:
+    """Greedy ``n`` tokens for a ragged batch, one token per row per call of ``step`` ("batched" or "vmap").
+
+    The prompts are left-padded (:func:`left_pad`) and fed through the same one-token step first (a
+    slow but simple prefill: padding steps write slots at position -1, which no query can see)."""
+    cfg = params.config
+    tokens, positions = left_pad(prompts, cfg.pad_id)
+    b, length = tokens.shape
+    if length + n > cache_len:
+        raise ValueError(f"{length} prompt columns + {n} new tokens do not fit in {cache_len} cache slots")
+    cache = init_cache(cfg, b, cache_len, params.policy.jnp_dtype)
+    meter, out, step_s = Meter(), [], []
+    feed, pos = jnp.asarray(tokens[:, 0]), jnp.asarray(positions[:, 0])
+    next_pos = positions[:, -1] + 1
+    for i in range(length + n - 1):
+        args = (params, feed, pos, cache)
+        fn = meter.program(step, _STEPS[step], *args)
+        before = meter.run_s
+        nxt, logits, cache = meter.run(fn, *args)
+        step_s.append(meter.run_s - before)
+        if i + 1 < length:  # still reading the prompt
+            feed, pos = jnp.asarray(tokens[:, i + 1]), jnp.asarray(positions[:, i + 1])
+        else:
+            out.append(np.asarray(nxt))
+            feed, pos = nxt, jnp.asarray(next_pos)
+            next_pos = next_pos + 1
+    return BatchRun(np.stack(out, axis=1), np.asarray(logits), meter.compiles, meter.compile_s, step_s)
+
+
+def step_cost(params: Params, batch: int, step: str = "batched", cache_len: int = 64) -> dict:
+    """XLA's cost model of the compiled one-token ``step`` ("batched" or "vmap") at this batch size:
+    ``{"flops", "bytes accessed"}``. Reuses the program :func:`step_generate` compiled, if any."""
+    cfg = params.config
+    args = (
+        params,
+        jnp.zeros((batch,), jnp.int32),
+        jnp.zeros((batch,), jnp.int32),
+        init_cache(cfg, batch, cache_len, params.policy.jnp_dtype),
+    )
+    raw = Meter().program(step, _STEPS[step], *args).cost_analysis()
+    if isinstance(raw, (list, tuple)):  # older jax: one dict per device program
+        raw = {k: sum(float(d.get(k, 0.0)) for d in raw) for k in ("flops", "bytes accessed")}
+    return {
+        "flops": float(raw.get("flops", float("nan"))),
+        "bytes accessed": float(raw.get("bytes accessed", float("nan"))),
+    }
+
+
+def logits_agree(a: np.ndarray, b: np.ndarray, rtol: float = 1e-4) -> bool:
+    """True when two logit arrays agree within ``rtol`` of their largest magnitude."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return a.shape == b.shape and float(np.abs(a - b).max()) <= rtol * float(np.abs(b).max())
+
+
+def throughput_vs_batch(
+    params: Params,
+    batch_sizes: Sequence[int] = (1, 2, 4, 8, 16),
+    steps: int = 6,
+    context: int = 32,
+    cache_len: int = 64,
+) -> list[dict]:
+    """Time the jitted :func:`batched_step` at each batch size -> rows of step ms and tokens/s.
+
+    Each row's cache holds ``context`` visible slots (as after a ``context``-token prompt), so every
+    step attends to as many keys as a short chat turn would. The cache is donated and threaded through
+    ``steps`` calls (as in a real decode loop); the step time is the best of those calls, the one least
+    disturbed by other work on the machine."""
+    cfg = params.config
+    rows = []
+    for b in batch_sizes:
+        cache = init_cache(cfg, b, cache_len, params.policy.jnp_dtype)
+        cache = KVCache(
+            cache.k, cache.v, cache.pos.at[:, :context].set(jnp.arange(context)), jnp.asarray(context, jnp.int32)
+        )
+        tok = jnp.full((b,), cfg.bos_id, jnp.int32)
+        meter, times = Meter(), []
+        for s in range(steps):
+            args = (params, tok, jnp.full((b,), context + s, jnp.int32), cache)
+            fn = meter.program("batched", _STEPS["batched"], *args)
+            before = meter.run_s
+            tok, _, cache = meter.run(fn, *args)
+            times.append(meter.run_s - before)
+        step = float(np.min(times))
+        rows.append({"batch": b, "compile s": meter.compile_s, "step ms": step * 1e3, "tokens/s": b / step})
+    base = next((r["tokens/s"] for r in rows if r["batch"] == 1), float("nan"))
+    for r in rows:
+        r["x batch 1"] = r["tokens/s"] / base
+    return rows
+
+
+def decode_step_cost(params: Params, batch: int, context: int) -> tuple[float, float]:
+    """(FLOPs, bytes) of one decode step for ``batch`` rows attending to ``context`` keys.
+
+    FLOPs: 2 per weight per row for every matmul (the tied embedding serves as the output layer; the
+    input lookup is free), plus attention's two products over the context. Bytes: every weight once
+    (shared by the whole batch: this is why batching helps) plus each row's K and V for the context.
+    Both are lower bounds: XLA may move more (temporaries, a cache copy)."""
+    cfg = params.config
+    matmul_weights = sum(a.size for name, a in params.flat().items() if a.ndim == 2)
+    attn = 2 * 2 * cfg.n_layers * cfg.n_heads * cfg.head_dim * context
+    flops = batch * (2.0 * matmul_weights + attn)
+    itemsize = jnp.dtype(params.policy.jnp_dtype).itemsize
+    kv = 2 * cfg.n_layers * batch * context * cfg.n_kv_heads * cfg.head_dim * itemsize
+    return flops, float(params.nbytes() + kv)
+
+
+def add_roofline(rows: list[dict], params: Params, roofline, context: int = 32) -> list[dict]:
+    """Add to each :func:`throughput_vs_batch` row its arithmetic intensity, the roofline's bound on
+    tokens/s and the fraction of that bound reached. ``roofline`` is a :class:`jaxlab.tools.profile.Roofline`."""
+    for r in rows:
+        flops, nbytes = decode_step_cost(params, r["batch"], context)
+        bound_s = roofline.time_bound(flops, nbytes)
+        r["FLOP/byte"] = flops / nbytes
+        r["bound"] = roofline.bound(flops, nbytes)
+        r["bound tokens/s"] = r["batch"] / bound_s
+        r["% of bound"] = 100.0 * r["tokens/s"] / r["bound tokens/s"]
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# Notebook 06: sampling filters on a toy distribution
+# --------------------------------------------------------------------------------------------------
+
+
+def filtered_probabilities(logits, sampling: SamplingParams) -> np.ndarray:
+    """The distribution one draw with ``sampling`` samples from, for logits [V] -> probabilities [V].
+
+    Greedy (temperature 0) puts all the mass on the argmax."""
+    logits = jnp.asarray(logits, jnp.float32)
+    if sampling.greedy:
+        return np.eye(logits.shape[-1], dtype=np.float32)[int(jnp.argmax(logits))]
+    return np.asarray(jax.nn.softmax(filter_logits(logits, sampling.state()), axis=-1))
+
+
+def sample_frequencies(logits, sampling: SamplingParams, draws: int = 4000, seed: int = 0) -> np.ndarray:
+    """Empirical frequencies of ``draws`` samples from logits [V], each with its own key split from ``seed``."""
+    logits = jnp.asarray(logits, jnp.float32)
+    rows = jnp.broadcast_to(logits, (draws, logits.shape[-1]))
+    toks = sample(rows, jax.random.key(seed), sampling.state())
+    return np.bincount(np.asarray(toks), minlength=logits.shape[-1]) / draws
+
+
+# --------------------------------------------------------------------------------------------------
+# Notebook 06: an interactive explorer whose callback also runs headless
+# --------------------------------------------------------------------------------------------------
+
+
+class Explorer:
+    """A prompt box, temperature and top-p sliders, a seed, a Generate button and streamed output.
+
+    :meth:`generate` is the callback: the button calls it with the widgets' values, and a headless
+    run (CI, a script, GitHub's static view) can call it directly with fixed values."""
+
+    def __init__(self, generator, tokenizer, prompt: str = "Write a haiku about the sea.", max_new_tokens: int = 40):
+        self.generator = generator
+        self.tokenizer = tokenizer
+        self.prompt = prompt
+        self.max_new_tokens = max_new_tokens
+        self._widgets: dict[str, Any] = {}
+
+    def generate(
+        self,
+        prompt: str,
+        temperature: float = 0.7,
+        top_p: float = 0.9,
+        seed: int = 0,
+        max_new_tokens: int | None = None,
+        on_text: Callable[[str], None] | None = None,
+    ) -> str:
+        """Reply to ``prompt`` (one user message through the chat template); ``on_text`` gets pieces as they
+        arrive. Returns the whole reply; the same arguments always give the same reply."""
+        ids = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+        )
+        sampling = SamplingParams(temperature=float(temperature), top_p=float(top_p))
+        stream = None if on_text is None else (lambda row, piece: on_text(piece))
+        result = self.generator.generate(
+            [ids], max_new_tokens or self.max_new_tokens, sampling, seed=int(seed), on_text=stream
+        )[0]
+        return result.text
+
+    def widget(self):
+        """The ipywidgets front end (display it in a notebook; widgets do not render on GitHub)."""
+        import ipywidgets as w
+
+        box = w.Textarea(value=self.prompt, description="prompt", layout=w.Layout(width="95%"))
+        temp = w.FloatSlider(value=0.7, min=0.0, max=2.0, step=0.05, description="temperature")
+        top_p = w.FloatSlider(value=0.9, min=0.05, max=1.0, step=0.05, description="top-p")
+        seed = w.IntText(value=0, description="seed")
+        button = w.Button(description="Generate", button_style="primary")
+        out = w.Output(layout=w.Layout(border="1px solid #ccc", min_height="4em"))
+
+        def on_click(_):
+            out.clear_output()
+            self.generate(box.value, temp.value, top_p.value, seed.value, on_text=out.append_stdout)
+
+        button.on_click(on_click)
+        self._widgets = dict(prompt=box, temperature=temp, top_p=top_p, seed=seed, button=button, output=out)
+        return w.VBox([box, w.HBox([temp, top_p]), w.HBox([seed, button]), out])

@@ -1,0 +1,479 @@
+"""Sharded generation equals single-device generation.
+
+Two halves in one file:
+
+* tests that need one device (mesh parsing, rules, padding, error messages, the exercises' checkers);
+* tests that need 8 devices (``needs8``, named ``test_8dev_*``). XLA fixes the device count when jax
+  starts, and the main pytest process already started jax with one CPU device, so
+  :func:`test_eight_device_suite` reruns this file in a subprocess with
+  ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` and ``-k 8dev``. To run them directly:
+  ``XLA_FLAGS=--xla_force_host_platform_device_count=8 pytest tests/engine/test_sharding.py -k 8dev``.
+
+The tiny config covers every strategy and mesh shape; the real model runs once per strategy and must
+reproduce the golden greedy tokens (which the single-device Generator reproduces, test_reference.py).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import jax
+import numpy as np
+import pytest
+from conftest import load_solution
+from jax.sharding import PartitionSpec as P
+
+import jaxlab
+from jaxlab.engine import sharding as S
+from jaxlab.engine.generate import Generator
+from jaxlab.engine.kvcache import left_pad
+from jaxlab.engine.model import forward, init_params
+from jaxlab.errors import ConfigError, InvalidRequestError
+
+EIGHT = jax.device_count() >= 8
+needs8 = pytest.mark.skipif(not EIGHT, reason="runs in the 8-device subprocess (test_eight_device_suite)")
+one_device = pytest.mark.skipif(EIGHT, reason="runs in the main (one-device) process")
+
+PROMPTS = [[1, 5, 7, 9], [1, 20, 30], [1, 40, 41, 42, 43, 44], [1, 8]]
+
+
+@pytest.fixture(scope="module")
+def tiny_params():
+    return init_params(jaxlab.tiny(), 0)
+
+
+@pytest.fixture(scope="module")
+def tiny_reference(tiny_params):
+    """Single-device greedy tokens and logits of the tiny model on PROMPTS."""
+    ids = [r.generated_ids for r in Generator(tiny_params).generate(PROMPTS, 10, ignore_eos=True)]
+    tokens, positions = left_pad(PROMPTS, 2)
+    logits = np.asarray(jax.jit(forward)(tiny_params, tokens, positions)[0])
+    return ids, logits
+
+
+# --------------------------------------------------------------------------------------------------
+# One device
+# --------------------------------------------------------------------------------------------------
+
+
+def test_parse_mesh():
+    assert S.parse_mesh("data=2,model=4") == {"data": 2, "model": 4}
+    assert S.parse_mesh("model=8") == {"data": 1, "model": 8}
+    assert S.parse_mesh(" data = 2 ") == {"data": 2, "model": 1}
+    assert S.parse_mesh({"data": 4}) == {"data": 4, "model": 1}
+    assert S.format_mesh(S.parse_mesh("model=2")) == "data=1,model=2"
+    for bad, words in [
+        ("pipe=2", "unknown"),
+        ("data=x", "whole number"),
+        ("data=0", "at least 1"),
+        ("data", "name=size"),
+        ("data=2,data=2", "twice"),
+    ]:
+        with pytest.raises(ConfigError, match=words):
+            S.parse_mesh(bad)
+
+
+def test_fit_mesh_uses_the_devices_there_are():
+    assert S.fit_mesh("data+tensor", 8) == {"data": 2, "model": 4}
+    assert S.fit_mesh("data+tensor", 4) == {"data": 2, "model": 2}
+    assert S.fit_mesh("data+tensor", 6) == {"data": 2, "model": 3}
+    assert S.fit_mesh("data+tensor", 1) == {"data": 1, "model": 1}
+    assert S.fit_mesh("data", 4) == {"data": 4, "model": 1}
+    assert S.fit_mesh("tensor", 4) == {"data": 1, "model": 4}
+    n = jax.device_count()
+    assert S.fit_mesh("data") == {"data": n, "model": 1}
+
+
+def test_too_big_a_mesh_says_how_to_get_more_devices():
+    n = jax.device_count()
+    with pytest.raises(ConfigError) as e:
+        S.make_mesh({"data": 2 * n, "model": 2})
+    msg = str(e.value)
+    assert f"needs {4 * n} devices" in msg and f"jax sees {n}" in msg
+    assert "XLA_FLAGS=--xla_force_host_platform_device_count" in msg
+
+
+def test_describe_mesh():
+    line = S.describe_mesh()
+    assert f"{jax.device_count()} cpu device" in line and "mesh data=" in line
+    assert "needs 64 devices" in S.describe_mesh("data=8,model=8")
+
+
+def _fake_devices(platform, n, kind=None):
+    return [SimpleNamespace(platform=platform, device_kind=kind or platform, id=i) for i in range(n)]
+
+
+def test_mesh_devices_uses_enough_accelerators_else_simulated_cpu_devices():
+    cpu8 = _fake_devices("cpu", 8)
+    # a free Colab TPU: one v5e chip -> the meshes are built from the host's 8 simulated CPU devices, and it says so
+    one_tpu = S.mesh_devices(4, _fake_devices("tpu", 1, "TPU v5 lite"), cpu8)
+    assert one_tpu.devices == tuple(cpu8) and one_tpu.platform == "cpu" and one_tpu.simulated
+    assert "1 TPU v5 lite device" in one_tpu.note and "8 simulated CPU devices" in one_tpu.note
+    assert "Kaggle TPU v5e-8" in one_tpu.note and one_tpu.measurable(2)
+    # a v5e-8 (Kaggle, TPU VM): the real chips
+    eight = S.mesh_devices(4, _fake_devices("tpu", 8, "TPU v5 lite"), cpu8)
+    assert eight.count == 8 and eight.platform == "tpu" and not eight.simulated
+    # one GPU, and the flag was not set before jax started: one device, and claims needing more are not measurable
+    lonely = S.mesh_devices(4, _fake_devices("gpu", 1, "Tesla T4"), _fake_devices("cpu", 1))
+    assert lonely.count == 1 and lonely.platform == "gpu" and not lonely.measurable(2)
+    assert "not measurable" in lonely.note
+    # on a CPU: the CPU devices there are (simulated when more than one)
+    here = S.mesh_devices(4, cpu8)
+    assert here.count == 8 and here.simulated and here.note.startswith("Meshes use the 8 simulated CPU devices")
+    assert "XLA_FLAGS" in S.mesh_devices(4, _fake_devices("cpu", 1)).note
+    assert S.mesh_devices().count == jax.device_count()
+
+
+def test_shard_and_describe_mesh_take_a_device_list(tiny_params):
+    devs = jax.devices()[:1]
+    assert S.describe_mesh(devices=devs).startswith("1 cpu device")
+    assert S.shard(tiny_params, None, "tensor", devices=devs).shape == {"data": 1, "model": 1}
+
+
+def test_rules_are_a_mapping_and_specs_follow_them():
+    assert S.rules_for("data") == {"batch": "data"}
+    assert S.rules_for("tensor") == {"q_heads": "model", "kv_heads": "model", "mlp": "model"}
+    assert S.rules_for("data", {"vocab": "model"}) == {"batch": "data", "vocab": "model"}
+    assert S.rules_for("tensor", {"mlp": None}) == {"q_heads": "model", "kv_heads": "model"}
+    with pytest.raises(ConfigError, match="unknown strategy"):
+        S.rules_for("pipeline")
+    with pytest.raises(ConfigError, match="mesh axes"):
+        S.rules_for("data", {"batch": "rows"})
+    tp = S.rules_for("tensor")
+    assert S.logical_to_spec(("embed", "q_heads"), tp) == P(None, "model")
+    assert S.logical_to_spec(("q_heads", "embed"), tp) == P("model")
+    cache_k = ("batch", "kv_heads", "cache_len", "head_dim")
+    assert S.logical_to_spec(cache_k, S.rules_for("data+tensor")) == P("data", "model")
+    assert S.logical_to_spec(("q_heads", "kv_heads"), tp) == P("model")  # a mesh axis is used once
+
+
+def test_every_parameter_has_logical_axes(tiny_params):
+    specs = S.param_specs(tiny_params, S.rules_for("data+tensor"))
+    assert specs["embed"] == P() and specs["norm.weight"] == P()
+    assert specs["layers.1.attn.wq"] == P(None, "model") and specs["layers.1.attn.wo"] == P("model")
+    assert specs["layers.2.mlp.w_up"] == P(None, "model") and specs["layers.2.mlp.w_down"] == P("model")
+    assert set(S.param_specs(tiny_params, S.rules_for("data")).values()) == {P()}
+    with pytest.raises(ConfigError, match="no logical axes"):
+        S.param_logical_axes("layers.0.attn.w_mystery")
+
+
+def test_divisibility_error_names_the_constraint():
+    mesh = SimpleNamespace(shape={"data": 2, "model": 4})
+    with pytest.raises(ConfigError, match=r"size 263.*model=4 does not divide"):
+        S.check_divisible((263, 40), P("model"), mesh, "parameter embed (263, 40)")
+    S.check_divisible((264, 40), P("model"), mesh, "fine")
+
+
+@pytest.mark.parametrize("model", [2, 3, 4, 8])
+def test_padding_heads_keeps_the_function(tiny_params, tiny_reference, model):
+    padded = S.pad_heads(tiny_params, model)
+    cfg, pcfg = tiny_params.config, padded.config
+    assert pcfg.n_kv_heads % model == 0 and pcfg.n_heads % model == 0 and pcfg.ffn_dim % model == 0
+    assert pcfg.q_per_kv == cfg.q_per_kv
+    tokens, positions = left_pad(PROMPTS, 2)
+    logits = np.asarray(jax.jit(forward)(padded, tokens, positions)[0])
+    np.testing.assert_allclose(logits, tiny_reference[1], atol=1e-5, rtol=1e-5)
+    assert S.pad_heads(tiny_params, 1) is tiny_params
+
+
+def test_sharding_math_also_runs_on_one_device(tiny_params, tiny_reference):
+    """A 1x1 mesh runs every strategy's code path (and is what a 1-device Colab runtime gets)."""
+    for strategy, prefill in (("data", True), ("tensor", False), ("shard_map", True), ("pmap", False)):
+        sm = S.shard(tiny_params, "data=1,model=1", strategy)
+        assert sm.generate(PROMPTS, 10, ignore_eos=True, prefill=prefill) == tiny_reference[0], strategy
+        np.testing.assert_allclose(sm.prompt_logits(), tiny_reference[1][:, -1], atol=1e-5, rtol=1e-5)
+
+
+def test_generate_validates_requests(tiny_params):
+    sm = S.shard(tiny_params, "data=1", "data")
+    with pytest.raises(InvalidRequestError):
+        sm.generate([[]], 4)
+    with pytest.raises(InvalidRequestError, match="vocabulary"):
+        sm.generate([[1, 10_000]], 4)
+    with pytest.raises(InvalidRequestError):
+        sm.generate([[1, 2]], 0)
+    with pytest.raises(ConfigError, match="unknown strategy"):
+        S.shard(tiny_params, "data=1", "pipeline")
+
+
+def test_eos_ends_a_row_like_the_generator(tiny_params):
+    # a config whose EOS is the token the tiny model emits first for prompt 0 ends that row at once
+    first = Generator(tiny_params).generate([PROMPTS[0]], 1, ignore_eos=True)[0].generated_ids[0]
+    params = jaxlab.engine.model.replace_config(tiny_params, eos_id=first)
+    want = [r.generated_ids for r in Generator(params).generate(PROMPTS, 6)]
+    assert S.shard(params, "data=1", "data").generate(PROMPTS, 6) == want
+    assert want[0] == []
+
+
+def test_collective_bytes_reads_hlo_shapes():
+    hlo = """
+  %all-reduce.1 = f32[2,1,40]{2,1,0} all-reduce(f32[2,1,40]{2,1,0} %fusion), channel_id=1, to_apply=%add
+  %ag = (bf16[4,8]{1,0}, bf16[16,8]{1,0}) all-gather-start(bf16[4,8]{1,0} %p), dimensions={0}
+  %x = f32[3]{0} add(f32[3]{0} %a, f32[3]{0} %b), metadata={op_name="all-reduce(fake)"}
+"""
+    got = S.collective_bytes(hlo)
+    assert got["all-reduce"] == 2 * 40 * 4 and got["all-gather"] == 16 * 8 * 2
+    assert S.count_collectives(hlo)["all-reduce"] == 1
+
+
+# -- the exercises' checkers -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def solution():
+    return load_solution("08_parallelism")
+
+
+def test_exercise_partition_spec(solution, capsys):
+    from jaxlab.lab.exercises import nb08
+
+    assert nb08.check_partition_spec(solution.my_partition_spec)
+    assert not nb08.check_partition_spec(lambda axes, rules: P(*axes))
+    assert not nb08.check_partition_spec(lambda axes, rules: P(*(rules.get(a, "model") for a in axes)))
+
+    def stub(axes, rules):
+        raise NotImplementedError
+
+    assert not nb08.check_partition_spec(stub)
+    out = capsys.readouterr().out
+    assert "PASS" in out and "FAIL: logical axes -> PartitionSpec: not implemented yet" in out
+
+
+def test_exercise_tp_mlp(solution, capsys):
+    from jaxlab.lab.exercises import nb08
+
+    assert nb08.check_tp_mlp_partials(solution.my_tp_mlp_partials)
+
+    def whole_mlp_on_every_device(x, g, u, d, n):  # the sum, not the partials: a classic mistake
+        y = sum(nb08.tp_mlp_partials(x, g, u, d, n))
+        return np.stack([y] * n)
+
+    assert not nb08.check_tp_mlp_partials(whole_mlp_on_every_device)
+    # and the partials do add up to the whole MLP (the all-reduce)
+    rng = np.random.default_rng(0)
+    x, g, u, d = rng.normal(size=(2, 5)), rng.normal(size=(5, 8)), rng.normal(size=(5, 8)), rng.normal(size=(8, 5))
+    silu = lambda z: z / (1 + np.exp(-z))  # noqa: E731
+    np.testing.assert_allclose(solution.my_tp_mlp_partials(x, g, u, d, 4).sum(0), (silu(x @ g) * (x @ u)) @ d)
+    assert "FAIL: tensor-parallel MLP partial sums" in capsys.readouterr().out
+
+
+def test_exercise_pad_heads(solution, tiny_params, capsys):
+    from jaxlab.lab.exercises import nb08
+
+    assert nb08.check_pad_heads(solution.my_pad_heads)
+
+    def pads_q_heads_only(wq, wk, wv, wo, h, kvh, hd, model):  # forgets the KV heads
+        e = (-(-h // model) * model - h) * hd
+        return np.pad(wq, ((0, 0), (0, e))), wk, wv, np.pad(wo, ((0, e), (0, 0)))
+
+    assert not nb08.check_pad_heads(pads_q_heads_only)
+    assert "FAIL: pad attention heads" in capsys.readouterr().out
+    # the checker's reference agrees with the module's pad_heads on a real layer
+    cfg, flat = tiny_params.config, tiny_params.flat()
+    padded = S.pad_heads(tiny_params, 4).flat()
+    ref = nb08.pad_attention(
+        *(np.asarray(flat[f"layers.0.attn.{w}"]) for w in ("wq", "wk", "wv", "wo")),
+        cfg.n_heads,
+        cfg.n_kv_heads,
+        cfg.head_dim,
+        4,
+    )
+    for w, r in zip(("wq", "wk", "wv", "wo"), ref):
+        np.testing.assert_array_equal(np.asarray(padded[f"layers.0.attn.{w}"]), r)
+
+
+# -- the 8-device half, in a subprocess -------------------------------------------------------------
+
+
+@one_device
+def test_eight_device_suite():
+    env = dict(os.environ)
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if "force_host_platform_device_count" not in f]
+    env["XLA_FLAGS"] = " ".join(flags + ["--xla_force_host_platform_device_count=8"])
+    env["JAX_PLATFORMS"] = "cpu"
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(Path(__file__).resolve()),
+            "-q",
+            "-k",
+            "8dev",
+            "-p",
+            "no:cacheprovider",
+            "-W",
+            "ignore::DeprecationWarning",
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    tail = (proc.stdout + proc.stderr)[-6000:]
+    assert proc.returncode == 0, f"8-device tests failed:\n{tail}"
+    assert " passed" in proc.stdout and " failed" not in proc.stdout, tail
+    print(proc.stdout.strip().splitlines()[-1])
+
+
+# --------------------------------------------------------------------------------------------------
+# Eight devices
+# --------------------------------------------------------------------------------------------------
+
+TINY_CASES = [
+    ("data", "data=4"),
+    ("tensor", "model=2"),
+    ("tensor", "model=8"),
+    ("data+tensor", "data=2,model=4"),
+    ("shard_map", "model=8"),
+    ("shard_map", "data=2,model=4"),
+    ("pmap", "data=4"),
+]
+
+
+@needs8
+@pytest.mark.parametrize("strategy,mesh", TINY_CASES, ids=[f"{s}-{m}" for s, m in TINY_CASES])
+def test_8dev_tiny_tokens_and_logits_equal_single_device(tiny_params, tiny_reference, strategy, mesh):
+    sm = S.shard(tiny_params, mesh, strategy)
+    ids, logits = tiny_reference
+    assert sm.generate(PROMPTS, 10, ignore_eos=True) == ids
+    np.testing.assert_allclose(sm.prompt_logits(), logits[:, -1], atol=1e-5, rtol=1e-5)
+
+
+@needs8
+@pytest.mark.parametrize("strategy", ["tensor", "shard_map", "pmap"])
+def test_8dev_full_logits_equal_single_device(tiny_params, tiny_reference, strategy):
+    sm = S.shard(tiny_params, None, strategy)  # fitted: model=8 / data=8
+    tokens, positions = left_pad(PROMPTS * 2, 2)
+    want = np.concatenate([tiny_reference[1]] * 2)
+    np.testing.assert_allclose(sm.logits(tokens, positions), want, atol=1e-5, rtol=1e-5)
+
+
+@needs8
+@pytest.mark.parametrize("strategy", ["data+tensor", "shard_map", "pmap"])
+def test_8dev_prompt_through_the_decode_step_gives_the_same_tokens(tiny_params, tiny_reference, strategy):
+    sm = S.shard(tiny_params, None, strategy)
+    assert sm.generate(PROMPTS, 10, ignore_eos=True, prefill=False) == tiny_reference[0]
+    np.testing.assert_allclose(sm.prompt_logits(), tiny_reference[1][:, -1], atol=1e-5, rtol=1e-5)
+
+
+@needs8
+def test_8dev_batch_is_padded_to_the_data_axis(tiny_params, tiny_reference):
+    sm = S.shard(tiny_params, "data=8", "data")
+    assert sm.generate(PROMPTS[:3], 10, ignore_eos=True) == tiny_reference[0][:3]
+    with pytest.raises(InvalidRequestError, match="multiple of 8"):
+        sm.logits(*left_pad(PROMPTS, 2))
+
+
+@needs8
+def test_8dev_fitted_meshes_use_all_devices(tiny_params):
+    for strategy in ("data", "tensor", "data+tensor", "shard_map", "pmap"):
+        sm = S.shard(tiny_params, None, strategy)
+        assert sm.mesh.size == 8, strategy
+    assert S.shard(tiny_params, None).strategy == "data+tensor"
+
+
+@needs8
+def test_8dev_parameter_and_cache_shardings_are_what_the_rules_say(tiny_params):
+    sm = S.shard(tiny_params, "data=2,model=4", "data+tensor")
+    cfg = sm.config  # padded: 2 -> 4 KV heads, 6 -> 12 query heads, 84 MLP units stay 84
+    assert (cfg.n_kv_heads, cfg.n_heads, cfg.ffn_dim) == (4, 12, 84)
+    for name, a in sm.params.flat().items():
+        assert a.sharding.spec == S.logical_to_spec(S.param_logical_axes(name), sm.rules, sm.mesh), name
+    flat = sm.params.flat()
+    wq = flat["layers.0.attn.wq"]  # [D, H*Hd] split by columns: 3 query heads (one group) per device
+    assert wq.addressable_shards[0].data.shape == (cfg.dim, cfg.n_heads * cfg.head_dim // 4)
+    assert flat["layers.0.attn.wo"].addressable_shards[0].data.shape == (cfg.n_heads * cfg.head_dim // 4, cfg.dim)
+    assert flat["layers.0.mlp.w_down"].addressable_shards[0].data.shape == (cfg.ffn_dim // 4, cfg.dim)
+    assert flat["embed"].sharding.is_fully_replicated
+    cache = sm.cache_shardings(batch=4, cache_len=16)
+    assert cache.k[0].spec == P("data", "model") and cache.v[0].spec == P("data", "model")
+    assert cache.pos.spec == P("data") and cache.index.is_fully_replicated
+    # device (d, m) holds rows 2d..2d+1 and KV head m of every layer's K
+    k = sm._init_cache(4, 16).k[0]
+    for shard in k.addressable_shards:
+        assert shard.data.shape == (2, 1, 16, cfg.head_dim)
+    tp = S.shard(tiny_params, "model=8", "tensor")
+    assert tp.cache_shardings(2, 16).k[0].spec == P(None, "model")
+    dp = S.shard(tiny_params, "data=8", "data")
+    assert dp.cache_shardings(8, 16).k[0].spec == P("data")
+    assert dp.params.flat()["layers.0.attn.wq"].sharding.is_fully_replicated
+
+
+@needs8
+def test_8dev_collectives_in_the_compiled_decode_step(tiny_params):
+    layers, dim = tiny_params.config.n_layers, tiny_params.config.dim
+    want = {"data": 0, "pmap": 0, "tensor": 2 * layers, "data+tensor": 2 * layers, "shard_map": 2 * layers}
+    infos = {}
+    for strategy, n in want.items():
+        infos[strategy] = info = S.shard(tiny_params, None, strategy).decode_step_info(batch=8)
+        assert info.collectives["all-reduce"] == n, (strategy, info.collectives)
+        assert info.total_collectives == n, (strategy, info.collectives)
+    # two all-reduces per layer, each of the activations [rows per device, 1, D] in float32
+    assert infos["data+tensor"].bytes["all-reduce"] == 2 * layers * (8 // 2) * dim * 4  # data=2, model=4
+    assert infos["tensor"].bytes["all-reduce"] == 2 * layers * 8 * dim * 4
+
+
+@needs8
+def test_8dev_a_rule_that_cannot_work_names_the_constraint(tiny_params):
+    with pytest.raises(ConfigError, match=r"parameter embed \(263, 40\).*size 263.*model=2"):
+        S.shard(tiny_params, "model=2", "tensor", rules={"vocab": "model"})
+    with pytest.raises(ConfigError, match="needs 16 devices"):
+        S.make_mesh("data=4,model=4")
+    with pytest.raises(ConfigError, match="pmap maps over one axis"):
+        S.shard(tiny_params, "data=2,model=2", "pmap")
+    with pytest.raises(ConfigError, match="rule overrides apply to the jit strategies"):
+        S.shard(tiny_params, "model=2", "shard_map", rules={"vocab": "model"})
+
+
+@needs8
+def test_8dev_vocab_split_is_one_rule_away(tiny_params, tiny_reference):
+    # 263 is prime: one zero row makes the vocabulary 264 = 8 x 33 (its logit is cut off below)
+    flat = {k: (np.pad(np.asarray(v), ((0, 1), (0, 0))) if k == "embed" else v) for k, v in tiny_params.flat().items()}
+    params = jaxlab.engine.model.params_from_flat(tiny_params.config.replace(vocab_size=264), flat, tiny_params.policy)
+    sm = S.shard(params, "model=8", "tensor", rules={"vocab": "model"})
+    assert sm.params.flat()["embed"].sharding.spec == P("model")
+    tokens, positions = left_pad(PROMPTS, 2)
+    np.testing.assert_allclose(sm.logits(tokens, positions)[..., :263], tiny_reference[1], atol=1e-5, rtol=1e-5)
+
+
+# -- the real model, once per strategy ---------------------------------------------------------------
+
+REAL_CASES = [
+    ("data", "data=2"),
+    ("tensor", "model=8"),
+    ("data+tensor", "data=2,model=4"),
+    ("shard_map", "data=2,model=4"),
+    ("pmap", "data=2"),
+]
+REAL_NEW = 8
+
+
+@pytest.fixture(scope="module")
+def golden_rows():
+    from jaxlab.tools.reference import load_golden
+
+    return load_golden()["prompts"][:2]
+
+
+@needs8
+@pytest.mark.parametrize("strategy,mesh", REAL_CASES, ids=[f"{s}-{m}" for s, m in REAL_CASES])
+def test_8dev_real_model_reproduces_the_golden_tokens_and_logits(smollm, golden_rows, strategy, mesh):
+    """Greedy tokens equal the golden ones (which the single-device Generator reproduces), and the
+    sharded prompt logits are within float32 tolerance of the reference's."""
+    from jaxlab.tools.reference import compare_logits
+
+    sm = S.shard(smollm.params, mesh, strategy)
+    if strategy == "tensor":  # model=8: 3 -> 8 KV heads, 9 -> 24 query heads
+        assert (sm.config.n_kv_heads, sm.config.n_heads) == (8, 24)
+    got = sm.generate([r["prompt_ids"] for r in golden_rows], REAL_NEW, ignore_eos=True)
+    assert got == [r["greedy_ids"][:REAL_NEW] for r in golden_rows]
+    for row, r in zip(sm.prompt_logits(), golden_rows):
+        ok, line = compare_logits(row, r["last_logits"])
+        assert ok, line

