@@ -66,11 +66,6 @@ class LlamaConfig:
         out = 0 if self.tie_embeddings else self.vocab_size * self.dim
         return self.vocab_size * self.dim + self.n_layers * per_layer + self.dim + out
 
-    def kv_cache_bytes(self, batch: int, seq_len: int, dtype=jnp.float32) -> int:
-        """Bytes of a KV cache: 2 (K and V) x layers x batch x seq x kv_heads x head_dim x itemsize."""
-        itemsize = jnp.dtype(dtype).itemsize
-        return 2 * self.n_layers * batch * seq_len * self.n_kv_heads * self.head_dim * itemsize
-
 
 def smollm2_135m() -> LlamaConfig:
     return LlamaConfig()

@@ -14,7 +14,7 @@ writes its next token at the same slot. A query at position p attends to slots w
 [0, p]. Rolling back (speculative decoding) only moves ``index`` back: stale slots hold positions
 greater than any later query's, so they are invisible until overwritten.
 
-Memory: 2 x layers x B x S x kv_heads x head_dim x itemsize (``LlamaConfig.kv_cache_bytes``).
+Memory: 2 x layers x B x S x kv_heads x head_dim x itemsize (:func:`cache_bytes`, the one formula).
 
 int8 cache (``init_cache(..., dtype="int8")``): ``k`` and ``v`` hold int8 and ``k_scale`` / ``v_scale``
 [B * n_kv_heads, S] float32 hold one scale per stored key / value vector (symmetric, over head_dim,
@@ -59,6 +59,20 @@ class KVCache:
 
     def nbytes(self) -> int:
         return sum(a.size * a.dtype.itemsize for a in (*self.k, *self.v, *self.k_scale, *self.v_scale))
+
+
+def kv_vector_bytes(cfg: LlamaConfig, dtype=jnp.float32) -> int:
+    """Bytes of one cached key or value vector: head_dim values, plus its float32 scale in the int8 cache."""
+    dtype = jnp.dtype(dtype)
+    return cfg.head_dim * dtype.itemsize + (4 if dtype == jnp.int8 else 0)
+
+
+def cache_bytes(cfg: LlamaConfig, batch: int, slots: int, dtype=jnp.float32) -> int:
+    """Bytes of a KV cache of ``batch`` rows x ``slots`` slots: 2 (K and V) x layers x batch x slots x
+    kv_heads x vector bytes (:func:`kv_vector_bytes`). The one formula every report uses; it equals
+    ``init_cache(...).nbytes()`` (tests/engine/test_generate.py checks it). ``slots`` may be fractional
+    (an average context, in the cost model)."""
+    return 2 * cfg.n_layers * batch * slots * cfg.n_kv_heads * kv_vector_bytes(cfg, dtype)
 
 
 def init_cache(cfg: LlamaConfig, batch: int, length: int, dtype=jnp.float32) -> KVCache:

@@ -52,16 +52,16 @@ CONTROL, USER_DEFINED = 3, 4
 
 # Pre-tokenizers by the name llama.cpp writes in `tokenizer.ggml.pre`, grouped as llama.cpp groups them.
 # GPT-2's own split (built into tokenizers' ByteLevel): 's 't.. | ?letters | ?numbers | ?other | spaces
-_GPT2_NAMES = ("default", "gpt2", "mpt", "olmo", "jais")
+GPT2_PRETOKENIZERS = ("default", "gpt2", "mpt", "olmo", "jais")
 # The same split after cutting every digit apart ("2024" -> 2 0 2 4): StarCoder's lineage, SmolLM included.
-_DIGITS_NAMES = ("smollm", "starcoder", "refact", "codeshell", "command-r")
+DIGITS_PRETOKENIZERS = ("smollm", "starcoder", "refact", "codeshell", "command-r")
 # Llama 3: case-insensitive contractions, numbers in groups of up to three digits.
 _LLAMA3_NAMES = ("llama-bpe", "llama3", "llama-v3")
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-SUPPORTED_PRE = _GPT2_NAMES + _DIGITS_NAMES + _LLAMA3_NAMES
+SUPPORTED_PRE = GPT2_PRETOKENIZERS + DIGITS_PRETOKENIZERS + _LLAMA3_NAMES
 
 
 @functools.cache
@@ -81,9 +81,9 @@ def bytes_to_unicode() -> dict[int, str]:
 
 def _pre_tokenizer(name: str):
     """The tokenizers pre-tokenizer for llama.cpp's pre-tokenizer name, or None if unknown."""
-    if name in _GPT2_NAMES:
+    if name in GPT2_PRETOKENIZERS:
         return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if name in _DIGITS_NAMES:
+    if name in DIGITS_PRETOKENIZERS:
         # llama.cpp splits these on \p{N} (every number character alone) before GPT-2's regex. Digits runs
         # on the real text, so it must come first: ByteLevel respells bytes, after which "½" is "Â½" and no
         # longer a number. (transformers' GGUF conversion omits the digit split; with ASCII digits the ids

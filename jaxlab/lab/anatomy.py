@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxlab.engine.config import LlamaConfig
-from jaxlab.engine.kvcache import KVCache, init_cache
+from jaxlab.engine.kvcache import KVCache, cache_bytes, init_cache
 from jaxlab.engine.model import Params, apply_rope, forward, rope_cos_sin
 
 # --------------------------------------------------------------------------------------------------
@@ -286,11 +286,6 @@ def cache_structure(cache: KVCache, cfg: LlamaConfig | None = None) -> str:
     return text
 
 
-def cache_bytes(cfg: LlamaConfig, batch: int, slots: int, dtype=jnp.float32) -> int:
-    """Bytes of keys and values of a cache that is only shaped (``jax.eval_shape``: nothing allocated)."""
-    return jax.eval_shape(lambda: init_cache(cfg, batch, slots, dtype)).nbytes()
-
-
 def cache_memory_rows(
     cfg: LlamaConfig, shapes: Sequence[tuple[int, int]], dtypes=("float32", "bfloat16"), unit: float = 1e6
 ) -> list[dict]:
@@ -309,7 +304,7 @@ def cache_memory_rows(
                     "formula MB": formula / unit,
                     "KVCache.nbytes MB": cache_bytes(cfg, b, s, dt) / unit,
                     "same": formula == cache_bytes(cfg, b, s, dt),
-                    f"no GQA ({cfg.n_heads} KV heads) MB": mha.kv_cache_bytes(b, s, dt) / unit,
+                    f"no GQA ({cfg.n_heads} KV heads) MB": cache_bytes(mha, b, s, dt) / unit,
                 }
             )
     return rows

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from jaxlab.errors import ModelFileError
-from jaxlab.io.tokenizer import _DIGITS_NAMES, _GPT2_NAMES, bytes_to_unicode, read_gguf_metadata
+from jaxlab.io.tokenizer import DIGITS_PRETOKENIZERS, GPT2_PRETOKENIZERS, bytes_to_unicode, read_gguf_metadata
 
 # GPT-2's pre-tokenizer written with the standard library: contractions | ?letters | ?numbers |
 # ?other symbols | whitespace not followed by a word (so " word" keeps its space) | whitespace.
@@ -141,7 +141,7 @@ class BPE:
         """A real model's vocabulary and merges (a byte-level BPE GGUF file, such as SmolLM2's)."""
         meta = read_gguf_metadata(path)
         pre = meta.get("tokenizer.ggml.pre", "default")
-        if meta.get("tokenizer.ggml.model") != "gpt2" or pre not in _GPT2_NAMES + _DIGITS_NAMES:
+        if meta.get("tokenizer.ggml.model") != "gpt2" or pre not in GPT2_PRETOKENIZERS + DIGITS_PRETOKENIZERS:
             raise ModelFileError(
                 f"{path}: jaxlab.lab.bpe reads GPT-2 style byte-level BPE files only (tokenizer.ggml.pre = {pre!r})"
             )
@@ -157,7 +157,7 @@ class BPE:
         for m in meta["tokenizer.ggml.merges"]:
             left, right = m.split(" ", 1)
             merges[(ids[left], ids[right])] = ids[left + right]
-        return cls(vocab, merges, DIGITS_PATTERN if pre in _DIGITS_NAMES else GPT2_PATTERN)
+        return cls(vocab, merges, DIGITS_PATTERN if pre in DIGITS_PRETOKENIZERS else GPT2_PATTERN)
 
 
 def train(text: str, vocab_size: int, pattern: str = GPT2_PATTERN, min_count: int = 2) -> BPE:

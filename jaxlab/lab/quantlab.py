@@ -344,7 +344,8 @@ def decode_step_times(variants: dict, batch: int, slots: int = 256, steps: int =
 def memory_rows(params_by_format: dict, cfg, kv_batch: int = 32, kv_len: int = 256) -> list[dict]:
     """Bytes of the weights per format (``{label: Params}``, float32 first) and of a ``kv_batch`` x
     ``kv_len`` KV cache in float32 and int8 (computed from shapes, nothing allocated)."""
-    from jaxlab.quant.quality import kv_cache_bytes
+    from jaxlab.engine.kvcache import cache_bytes
+    from jaxlab.quant.quality import kv_format
 
     base = None
     rows = []
@@ -354,7 +355,7 @@ def memory_rows(params_by_format: dict, cfg, kv_batch: int = 32, kv_len: int = 2
         rows.append({"what": f"weights, {label}", "MB": b / 1e6, "vs float32": base / b})
     kv_base = None
     for kv in quant.KV_FORMATS:
-        b = kv_cache_bytes(cfg, kv_batch, kv_len, kv)
+        b = cache_bytes(cfg, kv_batch, kv_len, kv_format(kv))
         kv_base = kv_base or b
         rows.append({"what": f"KV cache {kv_batch} x {kv_len}, {kv}", "MB": b / 1e6, "vs float32": kv_base / b})
     return rows

@@ -31,6 +31,7 @@ from jaxlab.quant.formats import (
     quantize_matrix,
     quantized_names,
     split_activations,
+    unpack_int4,
 )
 
 _LAZY = {

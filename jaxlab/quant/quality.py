@@ -36,7 +36,7 @@ import numpy as np
 
 from jaxlab import quant
 from jaxlab.engine.generate import decode_on_device
-from jaxlab.engine.kvcache import init_cache, left_pad, rollback
+from jaxlab.engine.kvcache import cache_bytes, init_cache, left_pad, rollback
 from jaxlab.engine.model import Params, forward
 from jaxlab.io import assets
 
@@ -310,11 +310,6 @@ def label(weights: str, kv: str) -> str:
     return weights if kv == "float32" else f"{weights} + int8 KV"
 
 
-def kv_cache_bytes(cfg, batch: int, length: int, cache_dtype) -> int:
-    """Bytes of a KV cache (keys, values and, for int8, their scales), without allocating it."""
-    return int(jax.eval_shape(lambda: init_cache(cfg, batch, length, kv_format(cache_dtype))).nbytes())
-
-
 def quality_status(ppl_increase_pct: float, greedy: float) -> str:
     """PASS when perplexity rises by at most 1 % and greedy token agreement is at least 90 %."""
     return "PASS" if ppl_increase_pct <= MAX_PPL_INCREASE_PCT and greedy >= MIN_GREEDY_AGREEMENT else "MISS"
@@ -429,7 +424,7 @@ def quality_report(
                 "weights": w,
                 "kv_cache": kv,
                 "weight_bytes": params.nbytes(),
-                "kv_cache_bytes": kv_cache_bytes(ref.config, kv_batch, kv_len, kv),
+                "kv_cache_bytes": cache_bytes(ref.config, kv_batch, kv_len, kv_format(kv)),
                 "perplexity": s["perplexity"],
                 "ppl_increase_pct": inc,
                 "kl": s["kl"],

@@ -25,7 +25,7 @@ import numpy as np
 
 import jaxlab
 from jaxlab.lab.notebook import setup, table, verdict, check
-from jaxlab.engine.kvcache import init_cache, left_pad, rollback
+from jaxlab.engine.kvcache import cache_bytes, init_cache, left_pad, rollback
 from jaxlab.tools.reference import load_golden, compare_logits
 from jaxlab.lab.anatomy import cache_structure, prefill, decode_step, greedy_with_cache, uncached_logits, max_logit_error, time_prefill_decode, one_token_kv, write_token, time_cache_write, cache_memory_rows, live_growth, latency_vs_context, cache_claim_holds, cached_growth, plot_latency
 
@@ -153,7 +153,7 @@ inplace_s = time_cache_write(cfg, batch=1, slots=4096, donate=True)
 ratio = min(copy_s) / min(inplace_s)
 _ = verdict("Donating the cache turns a copy of the whole cache per step into an in-place write",
             ratio > 5, f"the donated write is {'more' if ratio > 5 else 'less'} than 5x faster than the copying one "
-                       f"on a {cfg.kv_cache_bytes(1, 4096) / 1e6:.0f} MB cache")
+                       f"on a {cache_bytes(cfg, 1, 4096) / 1e6:.0f} MB cache")
 
 # %% tags=["nbval-ignore-output"]
 _ = table([{"write one token into a 4096-slot cache": "copy (no donation)", "ms (best of 5)": 1e3 * min(copy_s)},
@@ -209,7 +209,7 @@ print(f"for scale, the float32 weights: {weights_mb:.0f} MB")
 
 # %%
 c, grew = live_growth(lambda: init_cache(cfg, batch=2, length=SLOTS))
-expected = cfg.kv_cache_bytes(2, SLOTS) + 2 * SLOTS * 4 + 4
+expected = cache_bytes(cfg, 2, SLOTS) + 2 * SLOTS * 4 + 4
 check("live device arrays grew by formula + pos + index", grew == expected, f"{grew:,} bytes")
 del c
 

@@ -156,7 +156,7 @@ def test_decode_step_times_rows():
 
 
 def test_memory_rows_are_the_bytes():
-    from jaxlab.quant.quality import kv_cache_bytes
+    from jaxlab.engine.kvcache import cache_bytes
 
     cfg = tiny()
     p = init_params(cfg, 0)
@@ -170,7 +170,7 @@ def test_memory_rows_are_the_bytes():
     ]
     assert rows[1]["MB"] == pytest.approx(q.nbytes() / 1e6)
     assert rows[1]["vs float32"] == pytest.approx(p.nbytes() / q.nbytes())
-    assert rows[3]["MB"] == pytest.approx(kv_cache_bytes(cfg, 3, 16, "int8") / 1e6)
+    assert rows[3]["MB"] == pytest.approx(cache_bytes(cfg, 3, 16, "int8") / 1e6)
     assert rows[0]["vs float32"] == rows[2]["vs float32"] == 1.0
 
 

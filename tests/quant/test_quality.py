@@ -17,6 +17,7 @@ import pytest
 from jaxlab import quant
 from jaxlab.engine.config import tiny
 from jaxlab.engine.generate import Generator
+from jaxlab.engine.kvcache import cache_bytes
 from jaxlab.engine.model import forward, init_params, params_from_flat
 from jaxlab.quant import quality
 
@@ -84,10 +85,10 @@ def test_kv_format_and_status():
 
 
 def test_kv_cache_bytes():
-    f32 = quality.kv_cache_bytes(CFG, 2, 16, None)
+    f32 = cache_bytes(CFG, 2, 16, jnp.float32)
     assert f32 == 2 * CFG.n_layers * 2 * 16 * CFG.n_kv_heads * CFG.head_dim * 4
     # int8: a byte per element plus a float32 scale per stored vector
-    assert quality.kv_cache_bytes(CFG, 2, 16, "int8") == 2 * CFG.n_layers * 2 * 16 * CFG.n_kv_heads * (CFG.head_dim + 4)
+    assert cache_bytes(CFG, 2, 16, "int8") == 2 * CFG.n_layers * 2 * 16 * CFG.n_kv_heads * (CFG.head_dim + 4)
 
 
 # --------------------------------------------------------------------------------------------------

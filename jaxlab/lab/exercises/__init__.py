@@ -12,7 +12,7 @@ from typing import Any, Callable
 import numpy as np
 
 
-def _first_mismatch(got, want, atol, rtol):
+def first_mismatch(got, want, atol, rtol):
     got, want = np.asarray(got), np.asarray(want)
     if got.shape != want.shape:
         return f"shape {got.shape}, expected {want.shape}"
@@ -48,29 +48,29 @@ def check_function(
         try:
             got = yours(*inputs)
         except NotImplementedError:
-            return _report(False, name, "not implemented yet", quiet)
+            return report(False, name, "not implemented yet", quiet)
         except Exception as e:  # show the reader's error as one line
             first_line = (str(e).strip().splitlines() or [""])[0]
-            return _report(False, name, f"trial {trial}: raised {type(e).__name__}: {first_line}", quiet)
+            return report(False, name, f"trial {trial}: raised {type(e).__name__}: {first_line}", quiet)
         want = reference(*inputs)
         got_leaves, want_leaves = _leaves(got), _leaves(want)
         if len(got_leaves) != len(want_leaves):
-            return _report(
+            return report(
                 False, name, f"trial {trial}: returned {len(got_leaves)} value(s), expected {len(want_leaves)}", quiet
             )
         for i, (g, w) in enumerate(zip(got_leaves, want_leaves)):
-            msg = _first_mismatch(g, w, atol, rtol)
+            msg = first_mismatch(g, w, atol, rtol)
             if msg:
                 where = f" output {i}" if len(want_leaves) > 1 else ""
-                return _report(False, name, f"trial {trial}{where} {msg}", quiet)
-    return _report(True, name, f"{trials} random inputs match the reference", quiet)
+                return report(False, name, f"trial {trial}{where} {msg}", quiet)
+    return report(True, name, f"{trials} random inputs match the reference", quiet)
 
 
 def _leaves(x: Any) -> list:
     return list(x) if isinstance(x, (tuple, list)) else [x]
 
 
-def _report(ok: bool, name: str, detail: str, quiet: bool) -> bool:
+def report(ok: bool, name: str, detail: str, quiet: bool) -> bool:
     if not quiet:
         print(f"{'PASS' if ok else 'FAIL'}: {name}: {detail}")
     return ok

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from typing import Callable, Mapping
 
-from jaxlab.lab.exercises import _report
+from jaxlab.lab.exercises import report
 
 __all__ = ["DEVICE_FLAG", "simulated_device_count", "check_device_env", "check_chat_ids"]
 
@@ -64,23 +64,23 @@ def check_device_env(device_env: Callable, run_subprocess: bool = True) -> bool:
         try:
             env = device_env(n, base)
         except NotImplementedError:
-            return _report(False, name, "not implemented yet", False)
+            return report(False, name, "not implemented yet", False)
         except Exception as e:
-            return _report(False, name, f"n={n}: raised {type(e).__name__}: {e}", False)
+            return report(False, name, f"n={n}: raised {type(e).__name__}: {e}", False)
         if base != before:
-            return _report(False, name, f"n={n}: it changed the environment it was given; return a new dict", False)
+            return report(False, name, f"n={n}: it changed the environment it was given; return a new dict", False)
         problem = _flag_problem(env, n, keep)
         if problem:
-            return _report(False, name, problem, False)
+            return report(False, name, problem, False)
         if "PATH" in base and env.get("PATH") != base["PATH"]:
-            return _report(False, name, "the other variables (PATH...) must be kept", False)
+            return report(False, name, "the other variables (PATH...) must be kept", False)
     if run_subprocess:
         env = device_env(4, dict(os.environ))
         seen = simulated_device_count(env)
         if seen != 4:
-            return _report(False, name, f"a subprocess with your environment saw {seen} device(s), not 4", False)
-        return _report(True, name, "flags right in 3 cases, and a fresh process saw 4 CPU devices", False)
-    return _report(True, name, "flags right in 3 cases", False)
+            return report(False, name, f"a subprocess with your environment saw {seen} device(s), not 4", False)
+        return report(True, name, "flags right in 3 cases, and a fresh process saw 4 CPU devices", False)
+    return report(True, name, "flags right in 3 cases", False)
 
 
 def check_chat_ids(chat_ids: Callable, tokenizer) -> bool:
@@ -92,14 +92,14 @@ def check_chat_ids(chat_ids: Callable, tokenizer) -> bool:
         try:
             got = chat_ids(tokenizer, item["prompt"])
         except NotImplementedError:
-            return _report(False, name, "not implemented yet", False)
+            return report(False, name, "not implemented yet", False)
         except Exception as e:
-            return _report(False, name, f"raised {type(e).__name__}: {e}", False)
+            return report(False, name, f"raised {type(e).__name__}: {e}", False)
         got = [int(i) for i in got]
         want = item["prompt_ids"]
         if got != want:
             at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-            return _report(
+            return report(
                 False,
                 name,
                 f"{item['prompt']!r}: {len(got)} ids vs {len(want)} expected, first "
@@ -107,4 +107,4 @@ def check_chat_ids(chat_ids: Callable, tokenizer) -> bool:
                 False,
             )
     n = len(load_golden()["prompts"])
-    return _report(True, name, f"{n} prompts give exactly the reference token ids", False)
+    return report(True, name, f"{n} prompts give exactly the reference token ids", False)

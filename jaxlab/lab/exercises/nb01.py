@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxlab.engine.model import Policy, RMSNorm
-from jaxlab.lab.exercises import _report, check_function
+from jaxlab.lab.exercises import check_function, report
 from jaxlab.tools.profile import CompileCounter
 
 __all__ = [
@@ -125,14 +125,14 @@ def check_scale_logits(scale_logits: Callable) -> bool:
         for t in temps:
             jax.block_until_ready(fresh(logits, t))
     if cc.count > 1:
-        return _report(
+        return report(
             False,
             "scale_logits",
             f"{cc.count} compilations for 4 temperatures: keep the "
             "temperature a traced value (no static argument, no Python branch on it)",
             False,
         )
-    return _report(
+    return report(
         True,
         "scale_logits",
         "jittable, both branches match the reference, one compilation for every temperature",
@@ -183,15 +183,15 @@ def run_quiz() -> list[dict]:
 def check_compile_count(answer) -> bool:
     """Compare your predicted number of compilations for :data:`QUIZ` with the measured one."""
     if answer is None:
-        return _report(False, "compile count", "not implemented yet", False)
+        return report(False, "compile count", "not implemented yet", False)
     measured = sum(r["compiled"] == "yes" for r in run_quiz())
     if isinstance(answer, bool) or not isinstance(answer, (int, np.integer)):
-        return _report(False, "compile count", f"answer with a whole number, got {answer!r}", False)
+        return report(False, "compile count", f"answer with a whole number, got {answer!r}", False)
     if int(answer) != measured:
         hint = (
             "too many: values never recompile, only shapes, dtypes, weak types and static arguments do"
             if answer > measured
             else "too few: look again at dtypes and at Python scalars"
         )
-        return _report(False, "compile count", f"{answer} is {hint}", False)
-    return _report(True, "compile count", f"{measured} compilations, as you predicted", False)
+        return report(False, "compile count", f"{answer} is {hint}", False)
+    return report(True, "compile count", f"{measured} compilations, as you predicted", False)

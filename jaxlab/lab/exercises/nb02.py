@@ -13,7 +13,7 @@ import numpy as np
 
 from jaxlab.io.tokenizer import pad_batch
 from jaxlab.lab import bpe
-from jaxlab.lab.exercises import _report, check_function
+from jaxlab.lab.exercises import check_function, report
 
 
 def _ids(rng: np.random.Generator) -> list[int]:
@@ -30,22 +30,22 @@ def check_count_pairs(fn: Callable, trials: int = 20, seed: int = 0) -> bool:
         try:
             got = fn(list(ids))
         except NotImplementedError:
-            return _report(False, name, "not implemented yet", False)
+            return report(False, name, "not implemented yet", False)
         except Exception as e:
-            return _report(False, name, f"ids={ids}: raised {type(e).__name__}: {e}", False)
+            return report(False, name, f"ids={ids}: raised {type(e).__name__}: {e}", False)
         want = bpe.count_pairs(ids)
         if not isinstance(got, dict):
-            return _report(False, name, f"ids={ids}: returned a {type(got).__name__}, expected a dict", False)
+            return report(False, name, f"ids={ids}: returned a {type(got).__name__}, expected a dict", False)
         got = {tuple(k): v for k, v in got.items() if v}  # a zero count is the same as no entry
         for pair in sorted(set(got) | set(want)):
             if got.get(pair, 0) != want.get(pair, 0):
-                return _report(
+                return report(
                     False,
                     name,
                     f"ids={ids}: pair {pair} counted {got.get(pair, 0)} time(s), expected {want.get(pair, 0)}",
                     False,
                 )
-    return _report(True, name, f"{len(cases)} inputs match the reference", False)
+    return report(True, name, f"{len(cases)} inputs match the reference", False)
 
 
 def check_merge(fn: Callable, trials: int = 20, seed: int = 0) -> bool:

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxlab.engine.config import LlamaConfig
-from jaxlab.lab.anatomy import cache_bytes, write_kv
+from jaxlab.engine.kvcache import cache_bytes
+from jaxlab.lab.anatomy import write_kv
 from jaxlab.lab.exercises import check_function
 
 ITEMSIZE_DTYPE = {2: jnp.bfloat16, 4: jnp.float32}

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlab.lab.exercises import _first_mismatch, _report, check_function
+from jaxlab.lab.exercises import check_function, first_mismatch, report
 
 
 def matmul_intensity(m: int, k: int, n: int, itemsize: int) -> float:
@@ -74,27 +74,27 @@ def check_compile_then_run(fn) -> bool:
         try:
             result = fn(jitted, x, y)
         except NotImplementedError:
-            return _report(False, name, "not implemented yet", False)
+            return report(False, name, "not implemented yet", False)
         except Exception as e:
-            return _report(False, name, f"raised {type(e).__name__}: {e}", False)
+            return report(False, name, f"raised {type(e).__name__}: {e}", False)
         jax.effects_barrier()
     if not isinstance(result, tuple) or len(result) != 3:
-        return _report(False, name, "return a tuple (compile_s, run_s, out)", False)
+        return report(False, name, "return a tuple (compile_s, run_s, out)", False)
     compile_s, run_s, out = result
     for label, value in (("compile_s", compile_s), ("run_s", run_s)):
         if not isinstance(value, (float, int)) or isinstance(value, bool) or not value > 0:
-            return _report(False, name, f"{label} should be a positive number of seconds, got {value!r}", False)
-    mismatch = _first_mismatch(out, np.tanh(np.asarray(x) @ np.asarray(y)) + salt, 1e-5, 1e-5)
+            return report(False, name, f"{label} should be a positive number of seconds, got {value!r}", False)
+    mismatch = first_mismatch(out, np.tanh(np.asarray(x) @ np.asarray(y)) + salt, 1e-5, 1e-5)
     if mismatch:
-        return _report(False, name, f"out {mismatch}", False)
+        return report(False, name, f"out {mismatch}", False)
     if cc.count != 1:
-        return _report(False, name, f"the program was compiled {cc.count} times, expected once", False)
+        return report(False, name, f"the program was compiled {cc.count} times, expected once", False)
     if len(runs) != 1:
-        return _report(
+        return report(
             False,
             name,
             f"the program ran {len(runs)} times, expected once: compile with "
             "jitted.lower(*args).compile() (which does not run it), then call the result",
             False,
         )
-    return _report(True, name, "compiled once ahead of time, ran once, right output", False)
+    return report(True, name, "compiled once ahead of time, ran once, right output", False)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxlab.lab.exercises import _report, check_function
+from jaxlab.lab.exercises import check_function, report
 
 
 def _strip(spec) -> tuple:
@@ -45,17 +45,17 @@ def check_partition_spec(fn) -> bool:
         try:
             got = fn(axes, dict(rules))
         except NotImplementedError:
-            return _report(False, name, "not implemented yet", False)
+            return report(False, name, "not implemented yet", False)
         except Exception as e:
-            return _report(False, name, f"case {i}: raised {type(e).__name__}: {e}", False)
+            return report(False, name, f"case {i}: raised {type(e).__name__}: {e}", False)
         want = logical_to_spec(axes, {k: v for k, v in rules.items() if v is not None})
         try:
             same = _strip(got) == _strip(want)
         except TypeError:
             same = False
         if not same:
-            return _report(False, name, f"case {i} axes={axes} rules={rules}: got {got!r}, expected {want!r}", False)
-    return _report(True, name, f"{len(PARTITION_CASES)} cases match", False)
+            return report(False, name, f"case {i} axes={axes} rules={rules}: got {got!r}, expected {want!r}", False)
+    return report(True, name, f"{len(PARTITION_CASES)} cases match", False)
 
 
 def _silu(x):
