@@ -38,9 +38,13 @@ def dot_reduce(x, m):  # int8 weights as a broadcast multiply + reduction (one l
     return jnp.sum(x[:, None, :] * m.q.astype(jnp.float32)[None], axis=-1) * m.scale
 
 
+def int8_matmul(xq, q):  # [R, I] int8 x [O, I] int8 -> [R, O] float32, exact int32 accumulation (as jaxlab.quant)
+    return jax.lax.dot_general(xq, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32).astype(jnp.float32)
+
+
 def dot_w8a8_one_row(x, m):  # W8A8 without jaxlab's two-row padding
     xq, s = quant.quantize_activations(x)
-    return quant._int8_matmul(xq, m.q) * s * m.scale
+    return int8_matmul(xq, m.q) * s * m.scale
 
 
 def dot_jaxlab(x, m):  # what jaxlab.quant runs for the matrix's format
@@ -60,10 +64,16 @@ def attention(q, k, v, ks=None, vs=None):
     if ks is None:
         p = jax.nn.softmax(jnp.einsum("nqd,nsd->nqs", q, k, precision=HI), -1)
         return jnp.einsum("nqs,nds->nqd", p, v, precision=HI)
-    from jaxlab.engine.model import _int8_bmm
+    p = jax.nn.softmax(int8_bmm(q, k, 2) * ks[:, None], -1)
+    return int8_bmm(p * vs[:, None], v, 2)
 
-    p = jax.nn.softmax(_int8_bmm(q, k, 2) * ks[:, None], -1)
-    return _int8_bmm(p * vs[:, None], v, 2)
+
+def int8_bmm(x, m8, axis):
+    """x [N, R, K] . m8 [N, *, K] contracting K (axis ``axis`` of m8) -> [N, R, M] float32: the int8 KV cache's
+    attention matmul as jaxlab.engine.model writes it (x as two int8 rows, an int8 x int8 -> int32 dot)."""
+    rows, s = quant.split_activations(x.astype(jnp.float32))
+    acc = jax.lax.dot_general(rows, m8, (((2,), (axis,)), ((0,), (0,))), preferred_element_type=jnp.int32)
+    return quant.join_split(acc.astype(jnp.float32), x.shape[1]) * s
 
 
 def main(argv=None):

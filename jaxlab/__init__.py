@@ -1,10 +1,12 @@
 """jaxlab: a JAX/Flax LLM-inference lab on a real pretrained model, where every speed claim is measured.
 
-Data flows one way: a model name or file -> ``assets`` (fetch, checksum, cache) -> ``weights``
-(GGUF / Hugging Face files -> parameter tree) -> ``loading`` (one door: config, params, tokenizer)
--> ``model`` (Flax NNX; ``forward(params, tokens, positions, cache)``) with ``kvcache`` and ``config``
-below it -> ``generate`` (prefill + decode, ``sampling``) -> the faces: ``cli``, notebooks.
-Beside the flow: ``profile`` (timing, compile counting, roofline), ``reference`` (transformers parity).
+Data flows one way: a model name or file -> ``jaxlab.io`` (assets: fetch, checksum, cache; GGUF / Hugging
+Face readers -> parameter tree; tokenizer) -> ``jaxlab.engine`` (config, the model's one ``forward``,
+KV cache, sampling; the step toolkit: plan, programs, steps; generation, speculative decoding,
+sharding; ``loading`` is the one door from files to parameters) -> the faces: ``cli``, ``bench``, the
+notebooks. Beside the flow: ``jaxlab.quant`` (plugs into the engine's linear layers through one hook),
+``jaxlab.tools`` (profile, compile cache, export, reference, hardware) and ``jaxlab.lab`` (what only the
+notebooks need). This module re-exports the names most programs start from.
 """
 
 from jaxlab.engine.config import LlamaConfig, smollm2_135m, smollm2_360m, tiny

@@ -281,43 +281,24 @@ def cmd_generate(args, out=None):
 
 
 def _generate_on_mesh(args, m, ids, sampling):
-    """Greedy generation sharded over a device mesh (jaxlab.engine.sharding); results shaped like Generator's."""
-    from jaxlab.engine.generate import GenerationResult, find_stop
+    """Greedy generation sharded over a device mesh (jaxlab.engine.sharding); results shaped like Generator's
+    (the same TextStops bookkeeping: EOS, stop strings)."""
+    from jaxlab.engine.mesh import make_mesh
     from jaxlab.engine.sampling import SamplingParams
-    from jaxlab.engine.sharding import make_mesh, shard
+    from jaxlab.engine.sharding import shard
 
     if sampling != SamplingParams():
         raise InvalidRequestError("--mesh generates greedily: drop --temperature/--top-k/--top-p/--min-p")
-    mesh = make_mesh(args.mesh)
-    t0 = time.perf_counter()
-    # EOS is cut here, once, so that the finish reason is known
-    rows = shard(m.params, mesh, args.strategy).generate(ids, args.max_new_tokens, ignore_eos=True)
-    seconds = time.perf_counter() - t0
-    results = []
-    for prompt_ids, new in zip(ids, rows):
-        new = list(new)
-        finish = "length"
-        if not args.ignore_eos and m.config.eos_id in new:
-            new, finish = new[: new.index(m.config.eos_id)], "eos"
-        text = m.tokenizer.decode(new)
-        cut = find_stop(text, args.stop)
-        if cut is not None:
-            text, finish = text[:cut], "stop"
-        results.append(
-            GenerationResult(
-                prompt_ids=prompt_ids, generated_ids=new, text=text, finish_reason=finish, decode_seconds=seconds
-            )
-        )
-    return results
+    sharded = shard(m.params, make_mesh(args.mesh), args.strategy)
+    return sharded.generate_results(
+        ids, args.max_new_tokens, tokenizer=m.tokenizer, ignore_eos=args.ignore_eos, stop=args.stop
+    )
 
 
 def _generate_speculative(args, m, ids, sampling):
     """Speculative decoding (jaxlab.engine.speculative): same tokens as plain greedy, fewer model calls."""
-    from jaxlab.engine.generate import GenerationResult
     from jaxlab.engine.speculative import speculative_generate
 
-    if args.stop:
-        raise InvalidRequestError("--stop is not supported with --speculative")
     if args.draft_k < 1:
         raise InvalidRequestError(f"--draft-k must be >= 1, got {args.draft_k}")
     rows = speculative_generate(
@@ -331,18 +312,9 @@ def _generate_speculative(args, m, ids, sampling):
         ignore_eos=args.ignore_eos,
         sampling=None if sampling.greedy else sampling,
         seed=args.seed,
+        stop=args.stop,
     )
-    return [
-        GenerationResult(
-            prompt_ids=p,
-            generated_ids=list(r.generated_ids),
-            text=r.text,
-            finish_reason=r.finish_reason,
-            prefill_seconds=r.prefill_seconds,
-            decode_seconds=r.decode_seconds,
-        )
-        for p, r in zip(ids, rows)
-    ]
+    return rows  # SpecResult is a GenerationResult
 
 
 def cmd_chat(args, stdin=None, out=None):
@@ -395,8 +367,8 @@ def info() -> dict:
 
     import jax
 
+    from jaxlab.engine.mesh import describe_mesh
     from jaxlab.engine.model import backend_numerics, default_policy
-    from jaxlab.engine.sharding import describe_mesh
     from jaxlab.io import assets
     from jaxlab.tools import compile_cache, hardware
 

@@ -1,11 +1,17 @@
-"""Shared fixtures: the embedded model and the reference (transformers), each loaded once per session.
+"""Shared fixtures, each made once per session: the embedded model (``smollm``; ``load_once`` shares it with
+``jaxlab.cli.main`` in this process), a generator over it, a cache folder holding its converted parameters,
+the reference (transformers), the golden file and the embedded model's measurement on it (``golden_measured``).
+Helpers for the tests: ``load_solution`` (the exercises' solutions) and ``hf_llama_tensors`` (a checkpoint in
+Hugging Face layout).
 
 Parity figures recorded with the ``parity`` fixture are printed at the end of the run.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import inspect
 import os
 from pathlib import Path
 
@@ -32,12 +38,38 @@ def gguf_path():
     return assets.model_path()
 
 
+_LOADED: dict = {}
+
+
+def load_model(*args, **kwargs):
+    """``jaxlab.engine.loading.load``, each distinct request once per session: the key is the bound arguments
+    (progress bars aside) and the cache folder (``JAXLAB_CACHE``). Reading the model and building its tokenizer
+    takes seconds; tests that run the command line in this process ask for the same model many times
+    (``load_once``)."""
+    from jaxlab.engine import loading
+
+    real = getattr(loading.load, "__wrapped__", loading.load)
+    bound = inspect.signature(real).bind(*args, **kwargs)
+    bound.apply_defaults()
+    key = tuple((k, v) for k, v in bound.arguments.items() if k != "progress") + (os.environ.get("JAXLAB_CACHE"),)
+    if key not in _LOADED:
+        _LOADED[key] = real(*args, **kwargs)
+    return _LOADED[key]
+
+
+@pytest.fixture
+def load_once(monkeypatch):
+    """``jaxlab.engine.loading.load`` replaced by :func:`load_model` for one test: ``jaxlab.cli.main`` in this
+    process then shares the session's models instead of reading them again."""
+    from jaxlab.engine import loading
+
+    monkeypatch.setattr(loading, "load", functools.wraps(loading.load)(load_model))
+
+
 @pytest.fixture(scope="session")
 def smollm(gguf_path):
     """The embedded SmolLM2-135M (params + tokenizer), float32."""
-    from jaxlab.engine.loading import load
-
-    return load()
+    return load_model()
 
 
 @pytest.fixture(scope="session")
@@ -47,10 +79,12 @@ def generator(smollm):
     return Generator(smollm.params, smollm.tokenizer)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def converted_cache(tmp_path_factory, gguf_path):
-    """A cache folder of the module's own (the user's stays untouched) into which the embedded model's
-    float parameters are converted once: tests of the quantized-parameter cache write next to them."""
+    """A cache folder of the tests' own (the user's stays untouched) into which the embedded model's float
+    parameters are converted once per session: tests of the quantized-parameter cache write next to them, and
+    the quantized files one test leaves there spare the next the quantizing (a test that needs a file fresh
+    deletes it first)."""
     from jaxlab.engine import loading
 
     path = tmp_path_factory.mktemp("cache")
@@ -62,10 +96,59 @@ def converted_cache(tmp_path_factory, gguf_path):
 
 @pytest.fixture(scope="session")
 def reference(gguf_path):
-    """(model, tokenizer) of Hugging Face transformers on the same GGUF, float32 CPU."""
+    """(model, tokenizer) of Hugging Face transformers on the same GGUF, float32 CPU, on one torch thread: decoding
+    one token at a time, a 135M model gains little from a second thread, and where the cores are shared torch's
+    waiting workers slow it down tenfold (one greedy run of 32 tokens: 29-49 s on two threads, 2.7-3.7 s on one,
+    on a busy two-core machine)."""
+    import torch
+
     from jaxlab.tools.reference import load_reference
 
+    torch.set_num_threads(1)
     return load_reference(gguf_path)
+
+
+@pytest.fixture(scope="session")
+def golden():
+    """The golden file (data/reference/): the reference's prompt ids, greedy tokens and last logits."""
+    from jaxlab.tools.reference import load_golden
+
+    return load_golden()
+
+
+@pytest.fixture(scope="session")
+def golden_measured(smollm, golden):
+    """The embedded float32 model run once on the golden prompts (``measure_golden``): {"last_logits" [P, V],
+    "greedy" [P][n], "teacher_argmax" [P][n]}, for every test that judges it (``judge_golden``)."""
+    from jaxlab.tools.reference import measure_golden
+
+    return measure_golden(smollm.params, golden)
+
+
+def hf_llama_tensors(hf_config: dict, rng) -> dict:
+    """Random float32 tensors of a Llama checkpoint in Hugging Face layout (``model.layers.{i}.self_attn.q_proj
+    .weight`` [out, in], ...), named and shaped from its config.json alone, as ``transformers`` saves them: the
+    tests write checkpoints without asking jaxlab's reader which names it expects."""
+    d, f, layers = hf_config["hidden_size"], hf_config["intermediate_size"], hf_config["num_hidden_layers"]
+    heads, kv = hf_config["num_attention_heads"], hf_config.get("num_key_value_heads", hf_config["num_attention_heads"])
+    hd = hf_config.get("head_dim", d // heads)
+    shapes = {"model.embed_tokens.weight": (hf_config["vocab_size"], d), "model.norm.weight": (d,)}
+    if not hf_config.get("tie_word_embeddings", False):
+        shapes["lm_head.weight"] = (hf_config["vocab_size"], d)
+    for i in range(layers):
+        h = f"model.layers.{i}."
+        shapes |= {
+            h + "input_layernorm.weight": (d,),
+            h + "self_attn.q_proj.weight": (heads * hd, d),
+            h + "self_attn.k_proj.weight": (kv * hd, d),
+            h + "self_attn.v_proj.weight": (kv * hd, d),
+            h + "self_attn.o_proj.weight": (d, heads * hd),
+            h + "post_attention_layernorm.weight": (d,),
+            h + "mlp.gate_proj.weight": (f, d),
+            h + "mlp.up_proj.weight": (f, d),
+            h + "mlp.down_proj.weight": (d, f),
+        }
+    return {name: (rng.standard_normal(shape) * 0.1).astype("float32") for name, shape in shapes.items()}
 
 
 @pytest.fixture(scope="session")

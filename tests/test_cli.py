@@ -1,7 +1,12 @@
-"""The `jaxlab` command: answers, JSON output, and one clear stderr line for every bad input."""
+"""The `jaxlab` command: answers, JSON output, and one clear stderr line for every bad input.
+
+Most tests call ``main`` in this process (the session's model, loaded once: ``load_once``); a few run the command
+in a subprocess, for what only a real process shows: the answer from the shell, arguments that are not UTF-8,
+8 simulated devices, and that an error leaves one line on the process's stderr."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -11,12 +16,24 @@ import pytest
 
 from jaxlab.cli import main
 
+pytestmark = pytest.mark.usefixtures("load_once")
+
 
 def run_cli(*args, **kw):
     """Run `jaxlab` in a subprocess: (exit code, stdout, stderr)."""
     env = dict(os.environ, **kw.pop("env", {}))
     p = subprocess.run([sys.executable, "-m", "jaxlab.cli", *args], capture_output=True, env=env, timeout=300, **kw)
     return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+
+
+def run_main(capsys, args):
+    """`main` in this process: (exit code, stdout, stderr)."""
+    try:
+        code = main(args)
+    except SystemExit as e:  # argparse
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def one_clean_line(err: str):
@@ -76,9 +93,23 @@ def test_sampling_seeded(gguf_path, capsys):
         (["frobnicate"], "invalid choice"),
     ],
 )
-def test_bad_input_one_line(args, match):
-    code, out, err = run_cli(*args)
+def test_bad_input_one_line(capsys, args, match):
+    code, _, err = run_main(capsys, args)
     assert code != 0
+    assert match in one_clean_line(err)
+
+
+@pytest.mark.parametrize(
+    "args, code, match",
+    [
+        (["frobnicate"], 2, "invalid choice"),  # argparse's error
+        (["generate", "--mesh", "data=2,model=4", "hi"], 1, "xla_force_host_platform_device_count"),  # ours
+    ],
+)
+def test_errors_leave_one_line_on_the_process_stderr(args, code, match):
+    """What the user sees from the shell: the exit code and one line, nothing else (no warning, no traceback)."""
+    got, _, err = run_cli(*args)
+    assert got == code
     assert match in one_clean_line(err)
 
 
@@ -90,25 +121,25 @@ def test_bad_input_one_line(args, match):
         (b"GGUF" + os.urandom(64), "corrupt"),
     ],
 )
-def test_bad_model_files(tmp_path, content, match):
+def test_bad_model_files(tmp_path, capsys, content, match):
     f = tmp_path / "model.gguf"
     f.write_bytes(content)
-    code, _, err = run_cli("generate", "--model", str(f), "hi")
+    code, _, err = run_main(capsys, ["generate", "--model", str(f), "hi"])
     assert code == 1
     line = one_clean_line(err)
     assert match in line and str(f) in line
 
 
-def test_truncated_model_file(tmp_path, gguf_path):
+def test_truncated_model_file(tmp_path, gguf_path, capsys):
     f = tmp_path / "cut.gguf"
     f.write_bytes(gguf_path.read_bytes()[:40_000_000])
-    code, _, err = run_cli("generate", "--model", str(f), "hi")
+    code, _, err = run_main(capsys, ["generate", "--model", str(f), "hi"])
     assert code == 1
     assert "truncated" in one_clean_line(err)
 
 
-def test_prompt_too_long(gguf_path):
-    code, _, err = run_cli("generate", "--raw", "--max-new-tokens", "100", "word " * 9000)
+def test_prompt_too_long(gguf_path, capsys):
+    code, _, err = run_main(capsys, ["generate", "--raw", "--max-new-tokens", "100", "word " * 9000])
     assert code == 1
     line = one_clean_line(err)
     assert "context is 8192" in line and "shorten the prompt" in line
@@ -147,15 +178,10 @@ def test_invalid_utf8_from_the_shell(gguf_path):
     assert "\ufffd" in row["prompt"]
 
 
-def test_chat_streams_and_keeps_history(gguf_path):
-    p = subprocess.run(
-        [sys.executable, "-m", "jaxlab.cli", "chat", "--max-new-tokens", "24"],
-        input=b"What is the capital of France?\nAnd of Italy?\n/exit\n",
-        capture_output=True,
-        timeout=300,
-    )
-    assert p.returncode == 0, p.stderr.decode()
-    out = p.stdout.decode()
+def test_chat_streams_and_keeps_history(gguf_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("What is the capital of France?\nAnd of Italy?\n/exit\n"))
+    code, out, err = run_main(capsys, ["chat", "--max-new-tokens", "24"])
+    assert code == 0, err
     assert "Paris" in out and "Rome" in out
 
 
@@ -193,27 +219,24 @@ def test_info_prints_the_chip_and_its_peaks(capsys, monkeypatch):
     assert "NOTE" in text and "CPU figures" in text
 
 
-def test_mesh_matches_single_device(gguf_path):
+def test_mesh_matches_single_device(gguf_path, capsys):
     """`jaxlab generate --mesh data=2,model=4` on 8 simulated CPU devices gives the single-device tokens."""
-    args = ["generate", "--json", "--max-new-tokens", "8", "--ignore-eos", "What is the capital of France?"]
-    code, out, err = run_cli(*args)
-    assert code == 0, err
-    single = json.loads(out)["generated_ids"]
+    args = ["--max-new-tokens", "8", "--ignore-eos", "What is the capital of France?"]
+    single = generate_json(capsys, *args)["generated_ids"]
     code, out, err = run_cli(
-        *args, "--mesh", "data=2,model=4", env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+        "generate",
+        "--json",
+        *args,
+        "--mesh",
+        "data=2,model=4",
+        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"},
     )
     assert code == 0, err
     assert json.loads(out)["generated_ids"] == single
 
 
-def test_mesh_needs_devices_says_how():
-    code, _, err = run_cli("generate", "--mesh", "data=2,model=4", "hi")
-    assert code == 1
-    assert "xla_force_host_platform_device_count" in one_clean_line(err)
-
-
-def test_mesh_is_greedy_only():
-    code, _, err = run_cli("generate", "--mesh", "data=1,model=1", "--temperature", "0.7", "hi")
+def test_mesh_is_greedy_only(capsys):
+    code, _, err = run_main(capsys, ["generate", "--mesh", "data=1,model=1", "--temperature", "0.7", "hi"])
     assert code == 1
     assert "greedily" in one_clean_line(err)
 
@@ -228,21 +251,22 @@ def test_speculative_gives_plain_greedy_tokens(gguf_path, capsys, method):
     assert json.loads(capsys.readouterr().out)["generated_ids"] == plain
 
 
-def test_speculative_rejects_stop_strings():
-    code, _, err = run_cli("generate", "--speculative", "ngram", "--stop", "x", "hi")
-    assert code == 1 and "--stop" in one_clean_line(err)
+def test_speculative_honours_stop_strings_like_plain(gguf_path, capsys):
+    """--stop with --speculative cuts the reply where plain generation cuts it (both loops share TextStops)."""
+    base = ["generate", "--json", "--max-new-tokens", "24", "--stop", " Paris", "What is the capital of France?"]
+    plain = generate_json(capsys, *base[2:])
+    assert plain["finish_reason"] == "stop"
+    assert main(base + ["--speculative", "ngram", "--draft-k", "3"]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert (spec["text"], spec["finish_reason"]) == (plain["text"], "stop")
 
 
-def test_mesh_reports_eos_like_the_generator(gguf_path):
+def test_mesh_reports_eos_like_the_generator(gguf_path, capsys):
     """On a mesh, a reply that ends in EOS is cut before it and reported as finish_reason "eos"."""
-    args = ["generate", "--json", "--max-new-tokens", "32", "What is the capital of France?"]
-    code, out, err = run_cli(*args)
-    assert code == 0, err
-    single = json.loads(out)
+    args = ["--max-new-tokens", "32", "What is the capital of France?"]
+    single = generate_json(capsys, *args)
     assert single["finish_reason"] == "eos"
-    code, out, err = run_cli(*args, "--mesh", "data=1,model=1")
-    assert code == 0, err
-    sharded = json.loads(out)
+    sharded = generate_json(capsys, *args, "--mesh", "data=1,model=1")
     assert (sharded["generated_ids"], sharded["finish_reason"]) == (single["generated_ids"], "eos")
 
 
@@ -277,8 +301,8 @@ def generate_json(capsys, *args):
     return json.loads(capsys.readouterr().out)
 
 
-def test_generate_quant_int8_says_paris(quant_env):
-    code, out, err = run_cli("generate", "--quant", "int8", "--max-new-tokens", "16", FRANCE, env=quant_env)
+def test_generate_quant_int8_says_paris(quant_env, capsys):
+    code, out, err = run_main(capsys, ["generate", "--quant", "int8", "--max-new-tokens", "16", FRANCE])
     assert code == 0, err
     assert "Paris" in out
 
@@ -311,15 +335,6 @@ def test_speculative_draft_on_quantized_weights(quant_env, capsys):
     plain = generate_json(capsys, *base)
     spec = generate_json(capsys, *base, "--speculative", "draft", "--draft-k", "3")
     assert spec["generated_ids"] == plain["generated_ids"] and spec["quant"] == "int8"
-
-
-def run_main(capsys, args):
-    """`main` in this process: (exit code, stderr)."""
-    try:
-        code = main(args)
-    except SystemExit as e:  # argparse
-        code = e.code
-    return code, capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -368,13 +383,13 @@ def run_main(capsys, args):
     ],
 )
 def test_quant_flags_that_cannot_work(quant_env, capsys, args, code, match):
-    got, err = run_main(capsys, args)
+    got, _, err = run_main(capsys, args)
     assert got == code
     assert match in one_clean_line(err)
 
 
 def test_int4_group_size_must_divide_the_model(quant_env, capsys):
-    code, err = run_main(capsys, ["generate", "--quant", "int4", "--group-size", "128", "hi"])
+    code, _, err = run_main(capsys, ["generate", "--quant", "int4", "--group-size", "128", "hi"])
     assert code == 1
     assert "not a multiple of the int4 group size 128" in one_clean_line(err)
 

@@ -1,7 +1,9 @@
 """Colab as a runtime: the set-up cell, the Colab constraints, the wheel's data, and a simulated Colab run.
 
 The simulation (:func:`test_colab_simulation`) builds a fresh venv holding Colab's preinstalled versions
-(``tests/colab/runtime.txt``, with where they come from), a stand-in ``google.colab`` module, and a bare
+(``tests/colab/runtime.txt``, with where they come from; like Colab's image, they are installed once, into a
+folder beside the test environment, and each run starts from a hard-linked copy: pip replaces files, it never
+writes into them), a stand-in ``google.colab`` module, and a bare
 git repository of this working tree tagged ``v<version>`` that the set-up cell's GitHub URL is redirected
 to (``url.<bare>.insteadOf`` through ``GIT_CONFIG_GLOBAL``). Then nbval executes notebook 00 in that
 venv's kernel, strictly, set-up cell first: the cell must upgrade jax and flax (Colab's are too old for
@@ -11,12 +13,14 @@ the data files (nothing points JAXLAB_DATA at a clone).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -174,6 +178,59 @@ def _run(cmd, **kw):
     return proc.stdout
 
 
+def _colab_image() -> Path:
+    """A venv holding Colab's preinstalled packages (runtime.txt), built once per runtime.txt and Python, beside
+    the test environment (``sys.prefix``, so ``make clean`` removes it), or in a temporary folder where that is
+    not writable."""
+    key = hashlib.sha256(RUNTIME.read_bytes() + sys.version.encode()).hexdigest()[:16]
+    image = Path(sys.prefix) / f"colab-runtime-{key}"
+    if (image / "ready").exists():
+        return image
+    try:
+        partial = Path(tempfile.mkdtemp(prefix=f"{image.name}.", suffix=".partial", dir=sys.prefix))
+    except OSError:
+        partial = Path(tempfile.mkdtemp(prefix="colab-runtime-"))
+    venv = partial / "venv"
+    _run([sys.executable, "-m", "venv", str(venv)])
+    _run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check", "-r", str(RUNTIME)]
+    )
+    (partial / "ready").write_text(RUNTIME.read_text())
+    for old in image.parent.glob("colab-runtime-*"):  # images of an older runtime.txt (1 GB each)
+        if old != partial and not old.name.endswith(".partial"):
+            shutil.rmtree(old, ignore_errors=True)
+    try:
+        partial.rename(image)
+    except OSError:  # another run finished first, or sys.prefix is not ours: use what is there
+        if (image / "ready").exists():
+            shutil.rmtree(partial, ignore_errors=True)
+            return image
+        return partial
+    return image
+
+
+def _copy_of_colab_image(venv: Path) -> None:
+    """A venv at ``venv`` that starts as Colab's image: every file hard-linked (copied across file systems),
+    the scripts' ``#!`` lines pointed at the copy's own python."""
+
+    def link(src, dst):
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(_colab_image() / "venv", venv, symlinks=True, copy_function=link)
+    for script in (venv / "bin").iterdir():
+        if script.is_symlink() or not script.is_file():
+            continue
+        data = script.read_bytes()
+        first, sep, rest = data.partition(b"\n")
+        if first.startswith(b"#!") and b"/bin/python" in first:
+            script.unlink()  # a link into the image: write a new file, not through it
+            script.write_bytes(f"#!{venv / 'bin' / 'python'}".encode() + sep + rest)
+            script.chmod(0o755)
+
+
 def _bare_repo_of_this_tree(sim: Path) -> Path:
     """A bare repository holding this working tree (tracked and untracked-but-not-ignored files, as a
     commit would), tagged v<version> as a release is."""
@@ -201,9 +258,9 @@ def _fake_colab(sim: Path) -> Path:
 def test_colab_simulation(tmp_path):
     sim = tmp_path
     venv = sim / "colab-venv"
-    _run([sys.executable, "-m", "venv", str(venv)])
+    _copy_of_colab_image(venv)
     py = str(venv / "bin" / "python")
-    _run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "-r", str(RUNTIME)])
+    assert colab.pins(_run([py, "-m", "pip", "freeze"]).splitlines()).items() >= colab_versions().items()
     bare = _bare_repo_of_this_tree(sim)
     (sim / "gitconfig").write_text(f'[url "file://{bare}"]\n\tinsteadOf = {SETTINGS["repository"]}\n')
     content = sim / "content"  # Colab's working folder

@@ -2,6 +2,6 @@
 
 import sys
 
-from jaxlab.bench import child_main
+from jaxlab.bench.ttft import child_main
 
 sys.exit(child_main())

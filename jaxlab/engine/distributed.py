@@ -194,7 +194,8 @@ def _worker(args) -> dict:
     try:
         if args.pod:
             check_pod(jax.default_backend(), jax.process_count())
-        from jaxlab.engine.sharding import fit_mesh, format_mesh, make_mesh, mesh_shape, shard_generate
+        from jaxlab.engine.mesh import fit_mesh, format_mesh, make_mesh, mesh_shape
+        from jaxlab.engine.sharding import shard_generate
 
         if args.model == "tiny":
             from jaxlab.engine.config import tiny

@@ -18,7 +18,8 @@ and :mod:`~jaxlab.engine.steps` (the jitted prefill and decode steps, the cache 
   which never split a UTF-8 character (:class:`TextStops`).
 
 :func:`decode_on_device` is the other style: the whole decode loop inside one ``lax.fori_loop``,
-no host round trip per token (no streaming or stop strings, which need the host).
+no host round trip per token (no streaming or stop strings, which need the host);
+``jit_decode_on_device`` is its jitted form (the cache donated).
 """
 
 from __future__ import annotations
@@ -60,10 +61,10 @@ class TextStops:
     """The host side of a generation: which rows have finished, their tokens, and the text streamed so far.
 
     Every loop (single device, mesh, speculative) feeds it the tokens each step produced with
-    :meth:`push`, and reads :meth:`results` at the end. Text is tracked only when needed (streaming or
-    stop strings): ``safe`` is the text of whole characters so far, and the last ``len(longest stop) - 1``
-    characters are held back from the stream so that a stop string can still be cut out before any of
-    it was sent."""
+    :meth:`push` (or a run of them with :meth:`extend`), and reads :meth:`results` at the end. Text is
+    tracked only when needed (streaming or stop strings): ``safe`` is the text of whole characters so far,
+    and the last ``len(longest stop) - 1`` characters are held back from the stream so that a stop string
+    can still be cut out before any of it was sent."""
 
     def __init__(
         self,
@@ -122,6 +123,14 @@ class TextStops:
         if len(self.ids[i]) >= self.max_new_tokens:
             self.finish[i] = "length"
             return False
+        return True
+
+    def extend(self, i: int, tokens: Sequence[int], logps: Sequence[float] | None = None) -> bool:
+        """Add several tokens to row ``i`` (a speculative round's accepted run), stopping where the row
+        finishes; False once it has."""
+        for j, token in enumerate(tokens):
+            if not self.push(i, int(token), None if logps is None else logps[j]):
+                return False
         return True
 
     def results(self, prompts, prefill_s: float = 0.0, decode_s: float = 0.0, compile_s: float = 0.0):
@@ -310,3 +319,7 @@ def decode_on_device(
     carry = (first_tokens.astype(jnp.int32), first_positions.astype(jnp.int32), cache, out, key)
     _, _, cache, out, _ = jax.lax.fori_loop(1, steps, body, carry)
     return out, cache
+
+
+#: :func:`decode_on_device` jitted: ``steps`` and ``sampling`` static, the cache donated.
+jit_decode_on_device = jax.jit(decode_on_device, static_argnames=("steps", "sampling"), donate_argnums=(3,))

@@ -10,6 +10,15 @@ One implementation serves everything: the NNX modules below hold the computation
 :func:`forward` is the pure function ``forward(params, tokens, positions, cache) -> (logits, cache)``
 obtained from them by ``nnx.split``/``nnx.merge`` — usable under ``jit``, ``vmap``, sharding and export.
 
+Two hooks change the pass without a second copy of the layer loop:
+
+* ``upto=L`` runs only the first ``L`` layers, then the final norm and the output head: the model cut
+  early, the draft of speculative decoding; ``upto=(L1, L2, ...)`` reads the head after each of those
+  layers in one pass (the probe of :func:`jaxlab.lab.speculation.early_exit_agreement`);
+* ``reduce`` is applied to the outputs of the two row-parallel matmuls of every block (attention's ``wo``,
+  the MLP's ``w_down``) before they join the residual stream: a tensor-parallel ``shard_map`` passes
+  ``lambda x: jax.lax.psum(x, "model")`` to add the devices' partial sums (:mod:`jaxlab.engine.sharding`).
+
 Positions carry the padding: a token at position ``< 0`` is padding. Attention lets a query at
 position ``p`` see every key whose position is in ``[0, p]``, so left-padded batches, chunked prefill
 and cached decoding all use one rule (see :mod:`jaxlab.engine.kvcache`).
@@ -19,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +41,7 @@ from jaxlab.errors import ConfigError
 from jaxlab.quant.formats import QuantizedMatrix, join_split, params_format, split_activations
 
 Array = jax.Array
+Reduce = Callable[[Array], Array]  # applied to the row-parallel matmuls' outputs [B, T, D]
 MASK_VALUE = -1e30  # finite, so a query with no visible key (padding) gives a uniform row, not NaN
 
 
@@ -312,11 +322,17 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps, policy)
         self.mlp = MLP(cfg, policy, rngs)
 
-    def __call__(self, x, positions, cos, sin, key_positions, cache_kv=None, index=None):
+    def __call__(self, x, positions, cos, sin, key_positions, cache_kv=None, index=None, reduce: Reduce | None = None):
+        # reduce: what joins the row-parallel outputs before the residual add (psum under tensor parallelism)
+        reduce = reduce or _identity
         h, new_kv = self.attn(self.attn_norm(x), positions, cos, sin, key_positions, cache_kv, index)
-        x = x + h
-        x = x + self.mlp(self.mlp_norm(x))
+        x = x + reduce(h)
+        x = x + reduce(self.mlp(self.mlp_norm(x)))
         return x, new_kv
+
+
+def _identity(x: Array) -> Array:
+    return x
 
 
 class Llama(nnx.Module):
@@ -334,13 +350,29 @@ class Llama(nnx.Module):
                 nnx.initializers.normal(0.02)(rngs.params(), (cfg.dim, cfg.vocab_size), policy.jnp_dtype)
             )
 
-    def __call__(self, tokens: Array, positions: Array, cache: KVCache | None = None, *, last_only: bool = False):
+    def __call__(
+        self,
+        tokens: Array,
+        positions: Array,
+        cache: KVCache | None = None,
+        *,
+        last_only: bool = False,
+        upto: int | tuple[int, ...] | None = None,
+        reduce: Reduce | None = None,
+    ):
         """tokens, positions [B, T] int -> logits [B, T or 1, V] float32, updated cache.
 
         With a cache, the T new tokens are written at slots ``cache.index .. cache.index+T-1``.
         ``last_only`` computes logits for the last position only (what prefill needs: with left padding
-        the last position is every row's last real token)."""
+        the last position is every row's last real token). ``upto`` and ``reduce``: see :func:`forward`."""
         cfg = self.cfg
+        exits = check_upto(upto, cfg.n_layers)
+        layers = list(self.layers)[: exits[-1]]
+        if cache is not None and len(cache.k) != len(layers):
+            raise ConfigError(
+                f"the KV cache holds {len(cache.k)} layers but the pass runs {len(layers)}: "
+                f"a cache for upto={len(layers)} is init_cache(config.replace(n_layers={len(layers)}), ...)"
+            )
         dt = self.policy.jnp_dtype
         embed = self.embed.get_value()
         # The residual stream, norms and element-wise work are float32 under every policy; only the matmul
@@ -355,19 +387,38 @@ class Llama(nnx.Module):
             key_positions = jax.lax.dynamic_update_slice(cache.pos, positions.astype(cache.pos.dtype), (0, cache.index))
         else:
             key_positions = positions
-        new_kv = []
-        for i, layer in enumerate(self.layers):
+        new_kv, early = [], []
+        for i, layer in enumerate(layers):
             with jax.named_scope(f"layer{i}"):
                 kv = None
                 if cache is not None:
                     kv = (cache.k[i], cache.v[i]) + ((cache.k_scale[i], cache.v_scale[i]) if cache.k_scale else ())
-                x, kv = layer(x, positions, cos, sin, key_positions, kv, None if cache is None else cache.index)
+                index = None if cache is None else cache.index
+                x, kv = layer(x, positions, cos, sin, key_positions, kv, index, reduce)
             if kv is not None:
                 new_kv.append(kv)
+            if i + 1 in exits[:-1]:  # an early exit: this layer's output read by the final norm and head
+                early.append(self.head(x, last_only))
+        logits = self.head(x, last_only)
+        if isinstance(upto, tuple):
+            logits = (*early, logits)  # one [B, T or 1, V] per exit
+        if cache is None:
+            return logits, None
+        t = tokens.shape[1]
+        parts = list(zip(*new_kv))  # k, v (, k_scale, v_scale) per layer
+        scales = dict(k_scale=tuple(parts[2]), v_scale=tuple(parts[3])) if len(parts) == 4 else {}
+        new_cache = KVCache(k=tuple(parts[0]), v=tuple(parts[1]), pos=key_positions, index=cache.index + t, **scales)
+        return logits, new_cache
+
+    def head(self, x: Array, last_only: bool = False) -> Array:
+        """The residual stream [B, T, D] -> logits [B, T (or 1 with ``last_only``), V] float32: the final
+        norm, then the output projection (the tied embedding, or ``lm_head``)."""
         if last_only:
             x = x[:, -1:]
         x = self.norm(x)
-        if cfg.tie_embeddings:
+        dt = self.policy.jnp_dtype
+        embed = self.embed.get_value()
+        if self.cfg.tie_embeddings:
             # contract over the embedding's own minor axis: writing embed.T here made XLA transpose
             # (copy) the whole [V, D] matrix on every decode step
             if not isinstance(embed, jax.Array):
@@ -383,14 +434,21 @@ class Llama(nnx.Module):
                 )
         else:
             logits = _dense(x, self.lm_head.get_value(), self.policy)
-        logits = logits.astype(jnp.float32)
-        if cache is None:
-            return logits, None
-        t = tokens.shape[1]
-        parts = list(zip(*new_kv))  # k, v (, k_scale, v_scale) per layer
-        scales = dict(k_scale=tuple(parts[2]), v_scale=tuple(parts[3])) if len(parts) == 4 else {}
-        new_cache = KVCache(k=tuple(parts[0]), v=tuple(parts[1]), pos=key_positions, index=cache.index + t, **scales)
-        return logits, new_cache
+        return logits.astype(jnp.float32)
+
+
+def check_upto(upto, n_layers: int) -> tuple[int, ...]:
+    """The layer counts after which a pass reads logits: ``(n_layers,)`` for None, ``(L,)`` for an int,
+    the tuple itself for a tuple (strictly increasing, each in 1..n_layers); else a ConfigError."""
+    if upto is None:
+        return (n_layers,)
+    exits = upto if isinstance(upto, tuple) else (upto,)
+    ok = bool(exits) and all(not isinstance(n, bool) and int(n) == n and 1 <= n <= n_layers for n in exits)
+    if not ok or list(exits) != sorted(set(exits)):
+        raise ConfigError(
+            f"upto={upto!r}: give a number of layers in 1..{n_layers}, or a tuple of them in increasing order"
+        )
+    return tuple(int(n) for n in exits)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -498,11 +556,32 @@ def params_from_flat(
     return Params(graphdef, state)
 
 
-def forward(params: Params, tokens: Array, positions: Array, cache: KVCache | None = None, *, last_only: bool = False):
-    """The pure step: ``(params, tokens [B, T], positions [B, T], cache) -> (logits, cache)``.
+def forward(
+    params: Params,
+    tokens: Array,
+    positions: Array,
+    cache: KVCache | None = None,
+    *,
+    last_only: bool = False,
+    upto: int | tuple[int, ...] | None = None,
+    reduce: Reduce | None = None,
+):
+    """The pure step: ``(params, tokens [B, T], positions [B, T], cache) -> (logits [B, T or 1, V], cache)``.
 
-    Built from the NNX modules by ``nnx.merge``; ``jit`` it with ``last_only`` static."""
-    return params.module()(tokens, positions, cache, last_only=last_only)
+    Built from the NNX modules by ``nnx.merge``; ``jit`` it with ``last_only``, ``upto`` and ``reduce`` static.
+
+    * ``upto=L`` (1..n_layers; None = all): run the first ``L`` layers, then the final norm and the output
+      head, i.e. the model cut after layer ``L`` (an early-exit draft). A cache then holds exactly those
+      ``L`` layers (``init_cache(config.replace(n_layers=L), ...)``: the draft's own cache) and comes back
+      with ``L`` layers; a cache of any other depth raises :class:`~jaxlab.errors.ConfigError`.
+      ``upto=(L1, L2, ...)`` (increasing) reads the logits after each of those layers in one pass:
+      a tuple of logits [B, T or 1, V], one per exit, the cache holding the last exit's layers (the early-exit
+      probe).
+    * ``reduce``: a function applied to the outputs of the row-parallel matmuls (``wo`` and ``w_down``,
+      each [B, T, D]) before the residual add; None is the identity. Inside a tensor-parallel ``shard_map``
+      it is ``lambda x: jax.lax.psum(x, "model")``: each device holds some heads and MLP units, so those
+      outputs are partial sums, and the all-reduce makes them whole."""
+    return params.module()(tokens, positions, cache, last_only=last_only, upto=upto, reduce=reduce)
 
 
 def cast_params(params: Params, policy: Policy) -> Params:

@@ -10,9 +10,10 @@ as much as producing one token, *if* the step stays memory-bound. Each round:
      and propose the k tokens that followed it there (free, and good when the reply copies from the
      prompt); when no row finds one, the round is a plain one-token decode step instead;
    * ``"draft"``: a smaller model: the first L layers of the same model (plus its final norm and
-     tied output embedding; :func:`draft_params`), optionally cast to bfloat16 (a lower-precision
-     copy), run k steps with its own KV cache. :func:`early_exit_agreement` measures how well each L
-     would guess in one pass.
+     tied output embedding), run k steps with its own KV cache. It is the model's own forward pass cut
+     early (``forward(..., upto=L)``): no copy of the weights; with a draft dtype ("bfloat16") it is a
+     cast copy of those L layers (:func:`draft_params`).
+     :func:`jaxlab.lab.speculation.early_exit_agreement` measures how well each L would guess.
 
 2. **verify**: one forward pass of the target model on ``[x, d_1..d_k]`` at positions ``p..p+k``
    (fixed shape ``[B, k+1]``, one compiled program whatever the acceptance) gives its own choice at
@@ -26,7 +27,8 @@ as much as producing one token, *if* the step stays memory-bound. Each round:
 Sampling uses the standard rejection rule (Leviathan et al. 2023; Chen et al. 2023), which keeps the
 target distribution exactly: accept a draft token ``d ~ q`` with probability ``min(1, p(d) / q(d))``;
 on rejection draw from ``normalize(max(0, p - q))``; if all k are accepted draw a bonus token from
-``p``. An n-gram draft is a point mass (``q = one_hot(d)``). See :func:`speculative_sample`.
+``p``. An n-gram draft is a point mass (``q = one_hot(d)``). See :func:`speculative_sample`; :func:`accept`
+is the rule a verify call applies.
 
 **Batches.** The cache has one write index for all rows, so all rows must advance by the same number
 of tokens per round. We accept the *minimum* count across the (unfinished) rows: every row's emitted
@@ -39,11 +41,13 @@ The draft model's cache is kept in step with the target's without any variable-l
 draft round starts by feeding the two tokens ``[previous, x]`` (positions ``p-1, p``), rewriting
 the previous token's slot, which fills it in the one case where it was never fed (all k accepted).
 
-:func:`speculative_generate` is the one-call API; :class:`SpeculativeDecoder` keeps its compiled
-programs between calls; :func:`measure` produces the acceptance / speed-up rows by task type for
-``jaxlab bench`` and notebook 10; :func:`step_costs` and :func:`expected_speedup` give the cost model
-(speed-up = tokens per verify call / cost of a round, in plain decode steps).
-Tests: ``tests/engine/test_speculative.py``.
+:class:`SpeculativeDecoder` is built from the step toolkit: :func:`~jaxlab.engine.plan.check_request` and
+:func:`~jaxlab.engine.plan.plan` for the request, :class:`~jaxlab.engine.programs.Programs` for its compiled
+programs (one table shared by every decoder, so acceptance and new decoders never recompile), the jitted
+prefill, draft and verify steps of :mod:`jaxlab.engine.steps`, and
+:class:`~jaxlab.engine.generate.TextStops` for EOS, stop strings, streaming and the results.
+:func:`speculative_generate` is the one-call API. Measuring it (acceptance and speed-up by task, the cost
+model, the rounds drawn) is :mod:`jaxlab.lab.speculation`. Tests: ``tests/engine/test_speculative.py``.
 """
 
 from __future__ import annotations
@@ -51,23 +55,29 @@ from __future__ import annotations
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlab.engine.generate import Generator
-from jaxlab.engine.kvcache import KVCache, init_cache, left_pad, rollback
-from jaxlab.engine.model import Params, Policy, cast_params, forward, params_from_flat
-from jaxlab.engine.plan import CACHE_BUCKETS, PREFILL_BUCKETS
-from jaxlab.engine.sampling import SamplingParams, filter_logits, sample
+from jaxlab.engine.generate import GenerationResult, TextStops
+from jaxlab.engine.kvcache import KVCache, init_cache, left_pad
+from jaxlab.engine.model import Params, Policy, cast_params, params_from_flat
+from jaxlab.engine.plan import CACHE_BUCKETS, PREFILL_BUCKETS, Plan, check_request, plan
+from jaxlab.engine.programs import Programs
+from jaxlab.engine.sampling import Sampling, SamplingParams, filter_logits
+from jaxlab.engine.steps import jit_draft, jit_prefill, jit_verify
 from jaxlab.errors import InvalidRequestError
 from jaxlab.tools.profile import CompileCounter
 
 METHODS = ("ngram", "draft")
 DEFAULT_K = 4
 DEFAULT_DRAFT_LAYERS = 8
+
+#: The compiled programs of every decoder (prefill, draft, verify), by signature: a second decoder for the
+#: same shapes (a new ``speculative_generate`` call, a benchmark's decoder) compiles nothing.
+PROGRAMS = Programs()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -76,15 +86,14 @@ DEFAULT_DRAFT_LAYERS = 8
 
 
 @dataclass
-class SpecResult:
-    """One prompt's output and the acceptance statistics of the run it was part of.
+class SpecResult(GenerationResult):
+    """One prompt's output (a :class:`~jaxlab.engine.generate.GenerationResult`) and the acceptance
+    statistics of the run it was part of.
 
     ``proposed``/``accepted`` count this row's draft tokens and how many of them the target agreed with
     (before the batch's lockstep minimum); ``target_calls`` is the number of verify (or plain decode)
     calls of the target model after the prefill."""
 
-    prompt_ids: list[int]
-    generated_ids: list[int]
     text: str = ""
     finish_reason: str = "length"
     method: str = "ngram"
@@ -93,8 +102,6 @@ class SpecResult:
     accepted: int = 0
     target_calls: int = 0
     draft_calls: int = 0
-    prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0
     compiles: int = 0  # XLA compilations during this call (0 once warm: acceptance never changes a shape)
     #: one entry per verify call: (drafts or None, the target's k+1 tokens, this row's accepted count,
     #: the batch's accepted count, which decided how many tokens were emitted)
@@ -153,15 +160,24 @@ def ngram_propose(context: Sequence[int], k: int, max_ngram: int = 3, min_ngram:
 _DRAFT_CACHE: "weakref.WeakKeyDictionary[Params, dict]" = weakref.WeakKeyDictionary()
 
 
+def check_draft_layers(params: Params, layers: int | None) -> int:
+    """The number of draft layers (None: all of them), or an :class:`InvalidRequestError` naming the range."""
+    n = params.config.n_layers
+    layers = n if layers is None else layers
+    if isinstance(layers, bool) or int(layers) != layers or not 1 <= layers <= n:
+        raise InvalidRequestError(f"draft layers must be in [1, {n}], got {layers}")
+    return int(layers)
+
+
 def draft_params(params: Params, layers: int | None = None, dtype: str | None = None) -> Params:
-    """A draft model made from the target's own weights, no training: its first ``layers`` blocks
-    (with the final norm and the output embedding), optionally cast to ``dtype`` ("bfloat16": a
-    lower-precision copy of float parameters). ``layers=None`` keeps every layer. Quantized parameters
-    (:mod:`jaxlab.quant`) give a draft with the same quantized matrices. Cached per (params, layers, dtype)."""
+    """A draft model made from the target's own weights, no training, as separate parameters: its first
+    ``layers`` blocks (with the final norm and the output embedding), optionally cast to ``dtype``
+    ("bfloat16": a lower-precision copy of float parameters). ``layers=None`` keeps every layer. Quantized
+    parameters (:mod:`jaxlab.quant`) give a draft with the same quantized matrices. Cached per (params,
+    layers, dtype). :class:`SpeculativeDecoder` needs it only for a draft dtype: otherwise it runs the
+    target's own weights with ``forward(..., upto=layers)``, which copies nothing."""
     cfg = params.config
-    layers = cfg.n_layers if layers is None else int(layers)
-    if not 1 <= layers <= cfg.n_layers:
-        raise InvalidRequestError(f"draft layers must be in [1, {cfg.n_layers}], got {layers}")
+    layers = check_draft_layers(params, layers)
     policy = params.policy
     if dtype is not None and dtype != policy.dtype and params.quant is not None:
         raise InvalidRequestError(
@@ -223,87 +239,18 @@ def speculative_sample(p: jax.Array, q: jax.Array, drafts: jax.Array, key: jax.A
     return out, accepted
 
 
-def first_token_frequencies(p, q, n: int = 100_000, seed: int = 0, rule=None) -> np.ndarray:
-    """Frequencies of the first token emitted by a rejection ``rule`` (default :func:`speculative_sample`)
-    over ``n`` independent rounds with one draft token drawn from ``q`` [V] and target ``p`` [V]. With a
-    correct rule they approach ``p``, whatever ``q`` is."""
-    rule = rule or speculative_sample
-    p = jnp.asarray(p, jnp.float32)
-    q = jnp.asarray(q, jnp.float32)
-    k_d, k_r = jax.random.split(jax.random.key(seed))
-    drafts = jax.random.categorical(k_d, jnp.log(q), shape=(n, 1)).astype(jnp.int32)
-    pp = jnp.broadcast_to(jnp.stack([p, p]), (n, 2, p.shape[-1]))  # position 0 and the bonus position
-    qq = jnp.broadcast_to(q[None], (n, 1, q.shape[-1]))
-    out, _ = jax.jit(rule)(pp, qq, drafts, k_r)
-    return np.bincount(np.asarray(out[:, 0]), minlength=p.shape[-1]) / n
-
-
-def _probs(logits, samp):
-    return jax.nn.softmax(filter_logits(logits, samp), axis=-1)
-
-
-# --------------------------------------------------------------------------------------------------
-# The jitted programs
-# --------------------------------------------------------------------------------------------------
-
-
-def _prefill(params: Params, tokens, positions, cache: KVCache, key, samp):
-    """Prompt chunk [B, T] -> (next token [B], cache); the same computation as Generator's prefill."""
-    logits, cache = forward(params, tokens, positions, cache, last_only=True)
-    return sample(logits[:, 0], key, samp), cache
-
-
-def _verify(params: Params, tokens, positions, cache: KVCache, index, q, key, samp, onehot: bool):
-    """Roll the cache back to ``index``, run ``tokens`` [B, k+1] = [x, d_1..d_k] at ``positions``,
-    return (out [B, k+1], accepted count [B], cache). With k = 0 this is a plain decode step."""
-    greedy = samp.greedy
-    cache = rollback(cache, index)
-    logits, cache = forward(params, tokens, positions, cache)  # [B, k+1, V]
-    drafts = tokens[:, 1:]
-    if greedy:
-        out, n = greedy_accept(drafts, logits)
-    else:
-        p = _probs(logits, samp)
-        if onehot:
-            q = jax.nn.one_hot(drafts, p.shape[-1], dtype=p.dtype)
-        out, acc = speculative_sample(p, q, drafts, key)
-        n = leading_accepted(acc)
-    return out, n, cache
-
-
-def _draft(dparams: Params, prev, x, pos, cache: KVCache, index, key, samp, k: int):
-    """k draft tokens after x (at position ``pos`` [B]) with the draft model; ``index`` is the slot of
-    ``prev`` (the token before x). Returns (drafts [B, k], q [B, k, V] or None, cache)."""
-    greedy = samp.greedy
-    cache = rollback(cache, index)
-    tokens = jnp.stack([prev, x], axis=1)
-    positions = jnp.stack([pos - 1, pos], axis=1)
-    logits, cache = forward(dparams, tokens, positions, cache)
-
-    def choose(lg, key):
-        if greedy:
-            return jnp.argmax(lg, axis=-1).astype(jnp.int32), None
-        filt = filter_logits(lg, samp)
-        return jax.random.categorical(key, filt, axis=-1).astype(jnp.int32), jax.nn.softmax(filt, axis=-1)
-
-    keys = jax.random.split(key, k)
-    d0, q0 = choose(logits[:, -1], keys[0])
-
-    def body(carry, key):
-        d, p, cache = carry
-        lg, cache = forward(dparams, d[:, None], p[:, None], cache)
-        nd, nq = choose(lg[:, 0], key)
-        return (nd, p + 1, cache), (nd, nq)
-
-    (_, _, cache), (ds, qs) = jax.lax.scan(body, (d0, pos + 1, cache), keys[1:])
-    drafts = jnp.concatenate([d0[:, None], ds.T], axis=1)  # [B, k]
-    q = None if greedy else jnp.concatenate([q0[:, None], jnp.moveaxis(qs, 0, 1)], axis=1)
-    return drafts, q, cache
-
-
-prefill_step = jax.jit(_prefill, donate_argnums=(3,))
-verify_step = jax.jit(_verify, donate_argnums=(3,), static_argnames=("onehot",))
-draft_steps = jax.jit(_draft, donate_argnums=(4,), static_argnames=("k",))
+def accept(logits: jax.Array, drafts: jax.Array, q, key: jax.Array, sampling: Sampling) -> tuple[jax.Array, jax.Array]:
+    """The rule a verify call applies (:func:`jaxlab.engine.steps.verify_step`): logits [B, k+1, V] of the
+    target after each prefix of ``[x, d_1..d_k]``, drafts [B, k], q [B, k, V] (None: point-mass drafts,
+    as n-grams are) -> (tokens [B, k+1], accepted count [B]). Greedy: :func:`greedy_accept`; sampling:
+    :func:`speculative_sample` on the filtered distributions the plain sampler draws from."""
+    if sampling.greedy:
+        return greedy_accept(drafts, logits)
+    p = jax.nn.softmax(filter_logits(logits, sampling), axis=-1)
+    if q is None:
+        q = jax.nn.one_hot(drafts, p.shape[-1], dtype=p.dtype)
+    out, acc = speculative_sample(p, q, drafts, key)
+    return out, leading_accepted(acc)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -317,9 +264,10 @@ class SpeculativeDecoder:
     with the same shapes (batch, prompt bucket, cache length, k), so acceptance never recompiles.
 
     ``method``: "ngram" (prompt lookup, n-grams from ``max_ngram`` down to ``min_ngram``) or "draft"
-    (the first ``draft_layers`` layers of the model, optionally in ``draft_dtype``). When no row finds
-    an n-gram, the round is a plain one-token decode step instead of a verify call: on a CPU a verify
-    call of k+1 tokens costs clearly more than a decode step, so a weak guess is not worth checking."""
+    (the first ``draft_layers`` layers of the model: ``forward(..., upto=draft_layers)`` on the target's
+    own weights, or a cast copy of them in ``draft_dtype``). When no row finds an n-gram, the round is a
+    plain one-token decode step instead of a verify call: on a CPU a verify call of k+1 tokens costs
+    clearly more than a decode step, so a weak guess is not worth checking."""
 
     params: Params
     tokenizer: object = None
@@ -331,7 +279,7 @@ class SpeculativeDecoder:
     min_ngram: int = 2  # a single recurring token predicts little: no draft (a plain step) is cheaper
     prefill_buckets: tuple = PREFILL_BUCKETS
     cache_buckets: tuple = CACHE_BUCKETS
-    _plan: Generator = field(init=False, repr=False)
+    programs: Programs = field(default=PROGRAMS, repr=False)
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -340,13 +288,54 @@ class SpeculativeDecoder:
             raise InvalidRequestError(f"draft k must be a whole number >= 1, got {self.k}")
         self.k = int(self.k)
         self.config = self.params.config
-        # Generator.plan gives the prompt padding, prefill chunk and cache length; its programs are unused
-        self._plan = Generator(
-            self.params, self.tokenizer, prefill_buckets=self.prefill_buckets, cache_buckets=self.cache_buckets
-        )
-        self.dparams = (
-            draft_params(self.params, self.draft_layers, self.draft_dtype) if self.method == "draft" else None
-        )
+        self.dparams, self.draft_hooks = None, {}
+        if self.method == "draft":
+            layers = check_draft_layers(self.params, self.draft_layers)
+            cast = self.draft_dtype is not None and self.draft_dtype != self.params.policy.dtype
+            # the target's own weights cut after `layers` (nothing copied), or a cast copy of those layers
+            self.dparams = draft_params(self.params, layers, self.draft_dtype) if cast else self.params
+            self.draft_hooks = {"upto": layers}
+
+    # -- the pieces of a generation, each one compiled program (public: lab.speculation times them) --
+
+    def plan(self, prompt_lens: Sequence[int], max_new_tokens: int) -> Plan:
+        """The shapes of a request, with k spare cache slots: a verify call writes k+1 tokens from the
+        last accepted one on."""
+        return plan(self.config, prompt_lens, max_new_tokens + self.k, self.prefill_buckets, self.cache_buckets)
+
+    def init_caches(self, batch: int, cache_len: int) -> tuple[KVCache, KVCache | None]:
+        """Empty caches for the target and (method "draft") the draft model, which has its own, of its depth."""
+        cache = init_cache(self.config, batch, cache_len, self.params.policy.jnp_dtype)
+        if self.dparams is None:
+            return cache, None
+        dcfg = self.dparams.config.replace(n_layers=self.draft_hooks["upto"])
+        return cache, init_cache(dcfg, batch, cache_len, self.dparams.policy.jnp_dtype)
+
+    def _run(self, name: str, jitted, args: tuple, static: dict):
+        fn, _ = self.programs.get(name, jitted, args, static)
+        return fn(*args)
+
+    def prefill(self, tokens: np.ndarray, positions: np.ndarray, chunk: int, cache: KVCache, key, samp, draft=False):
+        """Prefill the left-padded prompts [B, padded] chunk by chunk into the target's cache (or, with
+        ``draft``, the draft model's) -> (the first new token [B], cache)."""
+        params, hooks = (self.dparams, self.draft_hooks) if draft else (self.params, {})
+        for c in range(0, tokens.shape[1], chunk):
+            args = (params, jnp.asarray(tokens[:, c : c + chunk]), jnp.asarray(positions[:, c : c + chunk]), cache)
+            nxt, _, cache = self._run("prefill", jit_prefill, (*args, key, samp), hooks)
+        return nxt, cache
+
+    def draft(self, prev, x, pos, dcache: KVCache, index: int, key, samp):
+        """k draft tokens (:func:`jaxlab.engine.steps.draft_step`) -> (drafts [B, k], q or None, draft cache)."""
+        args = (self.dparams, jnp.asarray(prev), jnp.asarray(x), jnp.asarray(pos), dcache, jnp.int32(index), key, samp)
+        return self._run("draft", jit_draft, args, {"k": self.k, **self.draft_hooks})
+
+    def verify(self, tokens, positions, cache: KVCache, index: int, q, key, samp):
+        """One verify call (:func:`jaxlab.engine.steps.verify_step` with :func:`accept`) of ``tokens``
+        [B, k+1] (or [B, 1]: a plain step) -> (tokens [B, k+1], accepted count [B], cache)."""
+        args = (self.params, jnp.asarray(tokens), jnp.asarray(positions), cache, jnp.int32(index), q, key, samp)
+        return self._run("verify", jit_verify, args, {"accept": accept})
+
+    # -- generation --
 
     def generate(
         self,
@@ -356,127 +345,75 @@ class SpeculativeDecoder:
         *,
         seed: int = 0,
         ignore_eos: bool = True,
+        stop: Sequence[str] = (),
+        on_text: Callable[[int, str], None] | None = None,
     ) -> list[SpecResult]:
         """Generate for a batch of prompts (lists of token ids). Greedy (the default) gives exactly the
-        tokens of ``Generator(params).generate(prompts, max_new_tokens, ignore_eos=...)``."""
+        tokens of ``Generator(params).generate(prompts, max_new_tokens, ignore_eos=...)``; stop strings and
+        streaming (``on_text(row, piece)``, needs a tokenizer) work as they do there."""
         with CompileCounter() as cc:
-            results = self._generate(prompts, max_new_tokens, sampling or SamplingParams(), seed, ignore_eos)
+            results = self._generate(
+                prompts, max_new_tokens, sampling or SamplingParams(), seed, ignore_eos, stop, on_text
+            )
         for r in results:
             r.compiles = cc.count
         return results
 
-    def _generate(self, prompts, max_new_tokens, sampling, seed, ignore_eos):
-        greedy = sampling.greedy
-        onehot = self.method == "ngram" and not greedy  # greedy ignores q: one verify program for both
+    def _generate(self, prompts, max_new_tokens, sampling, seed, ignore_eos, stop, on_text):
         cfg, k = self.config, self.k
-        prompts = [list(map(int, p)) for p in prompts]
-        if not prompts or any(not p for p in prompts):
-            raise InvalidRequestError("give at least one non-empty prompt")
-        if isinstance(max_new_tokens, bool) or int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
-            raise InvalidRequestError(f"max_new_tokens must be a whole number >= 1, got {max_new_tokens}")
-        for i, p in enumerate(prompts):
-            if not all(0 <= t < cfg.vocab_size for t in p):
-                raise InvalidRequestError(f"prompt {i} has token ids outside the vocabulary [0, {cfg.vocab_size})")
+        prompts = check_request(cfg, prompts, max_new_tokens)
+        rows = TextStops(
+            len(prompts), self.tokenizer, cfg.eos_id, max_new_tokens, ignore_eos=ignore_eos, stop=stop, on_text=on_text
+        )
         b = len(prompts)
         lens = [len(p) for p in prompts]
-        # k spare slots: a verify call writes k+1 tokens from the last accepted one on
-        padded, chunk, cache_len = self._plan.plan(lens, max_new_tokens + k)
-        tokens, positions = left_pad(prompts, cfg.pad_id, padded)
+        shape = self.plan(lens, max_new_tokens)
+        tokens, positions = left_pad(prompts, cfg.pad_id, shape.padded)
         samp = sampling.state()
         key = jax.random.key(seed)
+        compiled_before = self.programs.compile_seconds_total
 
         t0 = time.perf_counter()
         key, sub = jax.random.split(key)
-        cache = init_cache(cfg, b, cache_len, self.params.policy.jnp_dtype)
-        for c in range(0, padded, chunk):
-            nxt, cache = prefill_step(
-                self.params,
-                jnp.asarray(tokens[:, c : c + chunk]),
-                jnp.asarray(positions[:, c : c + chunk]),
-                cache,
-                sub,
-                samp,
-            )
-        dcache = None
-        if self.dparams is not None:
-            dcache = init_cache(self.dparams.config, b, cache_len, self.dparams.policy.jnp_dtype)
-            for c in range(0, padded, chunk):
-                _, dcache = prefill_step(
-                    self.dparams,
-                    jnp.asarray(tokens[:, c : c + chunk]),
-                    jnp.asarray(positions[:, c : c + chunk]),
-                    dcache,
-                    sub,
-                    samp,
-                )
+        cache, dcache = self.init_caches(b, shape.cache_len)
+        nxt, cache = self.prefill(tokens, positions, shape.chunk, cache, sub, samp)
+        if dcache is not None:
+            _, dcache = self.prefill(tokens, positions, shape.chunk, dcache, sub, samp, draft=True)
         x = np.asarray(nxt)
-        t_prefill = time.perf_counter() - t0
+        prefill_compile = self.programs.compile_seconds_total - compiled_before
+        t_prefill = time.perf_counter() - t0 - prefill_compile
 
-        out_ids = [[] for _ in range(b)]
-        finish: list[str | None] = [None] * b
         proposed, accepted = [0] * b, [0] * b
         rounds = [[] for _ in range(b)]
         target_calls = draft_calls = 0
-
-        def emit(i, toks):
-            for t in toks:
-                if finish[i]:
-                    return
-                if t == cfg.eos_id and not ignore_eos:
-                    finish[i] = "eos"
-                    return
-                out_ids[i].append(int(t))
-                if len(out_ids[i]) >= max_new_tokens:
-                    finish[i] = "length"
-
         for i in range(b):
-            emit(i, [x[i]])
+            rows.push(i, int(x[i]))
         prev = tokens[:, -1].copy()  # the token before x: each row's last prompt token
         pos = np.asarray(lens, np.int32)  # position of x, per row
-        index = padded  # cache slot where x will be written (shared by the rows)
+        index = shape.padded  # cache slot where x will be written (shared by the rows)
         t1 = time.perf_counter()
-        while not all(finish):
-            live = [i for i in range(b) if not finish[i]]
+        while not rows.done:
+            live = [i for i in range(b) if not rows.finish[i]]
             key, sub = jax.random.split(key)
             q = None
             if self.method == "ngram":
                 drafts = np.repeat(x[:, None], k, axis=1).astype(np.int32)  # filler for rows with no match
                 found = [False] * b
                 for i in live:
-                    prop = ngram_propose(prompts[i] + out_ids[i], k, self.max_ngram, self.min_ngram)
+                    prop = ngram_propose(prompts[i] + rows.ids[i], k, self.max_ngram, self.min_ngram)
                     if prop is not None:
                         drafts[i], found[i] = prop, True
                 # nothing to propose in any row: a plain decode step (the same program with k = 0)
                 feed = np.concatenate([x[:, None], drafts], axis=1) if any(found) else x[:, None]
             else:
-                d, q, dcache = draft_steps(
-                    self.dparams,
-                    jnp.asarray(prev),
-                    jnp.asarray(x),
-                    jnp.asarray(pos),
-                    dcache,
-                    jnp.int32(index - 1),
-                    sub,
-                    samp,
-                    k=k,
-                )
+                d, q, dcache = self.draft(prev, x, pos, dcache, index - 1, sub, samp)
                 draft_calls += 1
                 drafts = np.asarray(d)
                 found = [True] * b
                 feed = np.concatenate([x[:, None], drafts], axis=1)
             t = feed.shape[1]
             feed_pos = pos[:, None] + np.arange(t, dtype=np.int32)[None]
-            out, n_rows, cache = verify_step(
-                self.params,
-                jnp.asarray(feed),
-                jnp.asarray(feed_pos),
-                cache,
-                jnp.int32(index),
-                q,
-                sub,
-                samp,
-                onehot=onehot,
-            )
+            out, n_rows, cache = self.verify(feed, feed_pos, cache, index, q, sub, samp)
             target_calls += 1
             out, n_rows = np.asarray(out), np.asarray(n_rows)
             n = int(min(n_rows[i] for i in live))  # lockstep: every row advances by the batch's minimum
@@ -486,34 +423,27 @@ class SpeculativeDecoder:
                     proposed[i] += k
                     accepted[i] += int(n_rows[i])
                 rounds[i].append((drafts[i].tolist() if checked else None, out[i].tolist(), int(n_rows[i]), n))
-                emit(i, out[i, : n + 1])
+                rows.extend(i, out[i, : n + 1].tolist())
             prev = out[:, n - 1] if n > 0 else x
             x = out[:, n].copy()
             pos = pos + n + 1
             index += n + 1
-        t_decode = time.perf_counter() - t1
+        compile_s = self.programs.compile_seconds_total - compiled_before
+        t_decode = time.perf_counter() - t1 - (compile_s - prefill_compile)
 
-        results = []
-        for i in range(b):
-            text = self.tokenizer.decode(out_ids[i]) if self.tokenizer is not None else ""
-            results.append(
-                SpecResult(
-                    prompt_ids=prompts[i],
-                    generated_ids=out_ids[i],
-                    text=text,
-                    finish_reason=finish[i] or "length",
-                    method=self.method,
-                    k=k,
-                    proposed=proposed[i],
-                    accepted=accepted[i],
-                    target_calls=target_calls,
-                    draft_calls=draft_calls,
-                    prefill_seconds=t_prefill,
-                    decode_seconds=t_decode,
-                    rounds=rounds[i],
-                )
+        return [
+            SpecResult(
+                **vars(r),
+                method=self.method,
+                k=k,
+                proposed=proposed[i],
+                accepted=accepted[i],
+                target_calls=target_calls,
+                draft_calls=draft_calls,
+                rounds=rounds[i],
             )
-        return results
+            for i, r in enumerate(rows.results(prompts, t_prefill, t_decode, compile_s))
+        ]
 
     def warmup(self, batch: int = 1, prompt_len: int = 32, max_new_tokens: int = 32, greedy: bool = True) -> float:
         """Compile every program a generation of this shape can need (prefill, draft, verify, and the
@@ -523,21 +453,9 @@ class SpeculativeDecoder:
         prompt = [(i % 5) + 3 for i in range(prompt_len)]  # repetitive: the n-gram path drafts
         self.generate([prompt] * batch, max_new_tokens, sp)
         if self.method == "ngram":
-            _, _, cache_len = self._plan.plan([prompt_len] * batch, max_new_tokens + self.k)
-            cache = init_cache(self.config, batch, cache_len, self.params.policy.jnp_dtype)
-            one = jnp.zeros((batch, 1), jnp.int32)
-            out = verify_step(
-                self.params,
-                one,
-                one,
-                cache,
-                jnp.int32(0),
-                None,
-                jax.random.key(0),
-                sp.state(),
-                onehot=not sp.greedy,
-            )
-            jax.block_until_ready(out)
+            cache, _ = self.init_caches(batch, self.plan([prompt_len] * batch, max_new_tokens).cache_len)
+            one = np.zeros((batch, 1), np.int32)
+            jax.block_until_ready(self.verify(one, one, cache, 0, None, jax.random.key(0), sp.state()))
         return time.perf_counter() - t0
 
 
@@ -554,8 +472,10 @@ def speculative_generate(
     tokenizer=None,
     sampling: SamplingParams | None = None,
     seed: int = 0,
+    stop: Sequence[str] = (),
+    on_text: Callable[[int, str], None] | None = None,
 ) -> list[SpecResult]:
     """Speculative generation in one call (see :class:`SpeculativeDecoder`): greedy by default, with
     exactly plain greedy's tokens; ``sampling`` switches to the rejection rule."""
     dec = SpeculativeDecoder(params, tokenizer, method=method, k=k, draft_layers=draft_layers, draft_dtype=draft_dtype)
-    return dec.generate(prompts, max_new_tokens, sampling, seed=seed, ignore_eos=ignore_eos)
+    return dec.generate(prompts, max_new_tokens, sampling, seed=seed, ignore_eos=ignore_eos, stop=stop, on_text=on_text)

@@ -1,25 +1,52 @@
 """The jitted steps every generation loop is built from: pure functions of arrays.
 
+* :func:`next_logits` — the model on a chunk [B, T] with its cache: the logits of the last position (a
+  prefill chunk, or one decode token with T = 1); every step below starts with it;
+* :func:`choose` — logits to (token, its log-probability under the unscaled model);
 * :func:`prefill_step` — a prompt chunk [B, T] in, the first new token out (sampled inside the prefill
   program, so the first token needs one compiled program, not two);
-* :func:`decode_step` — one token per row;
-* :func:`choose` — logits to (token, its log-probability under the unscaled model).
+* :func:`decode_step` — one token per row; :func:`greedy_step` is its greedy form that also returns the
+  logits (what an exported step, a vmap lesson or a logit check needs);
+* :func:`verify_step` — speculative decoding's check: roll the cache back, run ``[x, d_1..d_k]`` at once,
+  and let an acceptance rule (:func:`jaxlab.engine.speculative.accept`) keep a prefix;
+* :func:`draft_step` — k draft tokens from a draft model (for an early exit: the same weights with
+  ``upto=L``), with its own cache.
 
-``jit_prefill`` and ``jit_decode`` are the jitted forms with the KV cache (argument 3) *donated*, so XLA
-updates it in place instead of copying it every step. Sampling settings travel as one pytree
-(:class:`~jaxlab.engine.sampling.Sampling`). The loops (:class:`~jaxlab.engine.generate.Generator`,
-:class:`~jaxlab.engine.sharding.Sharded`, :class:`~jaxlab.engine.speculative.SpeculativeDecoder`,
-:func:`~jaxlab.engine.generate.decode_on_device`) call these; none restates them.
+``jit_prefill``, ``jit_decode``, ``jit_verify`` and ``jit_draft`` are the jitted forms with the KV cache
+*donated*, so XLA updates it in place instead of copying it every step; the model's hooks (``upto``,
+``reduce``: :func:`~jaxlab.engine.model.forward`) are static. Sampling settings travel as one pytree
+(:class:`~jaxlab.engine.sampling.Sampling`; :data:`GREEDY` for argmax). The loops
+(:class:`~jaxlab.engine.generate.Generator`, :class:`~jaxlab.engine.speculative.SpeculativeDecoder`,
+:func:`~jaxlab.engine.generate.decode_on_device`, the lab's stages) call these; none restates them.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from jaxlab.engine.kvcache import KVCache
+from jaxlab.engine.kvcache import KVCache, rollback
 from jaxlab.engine.model import Params, forward
-from jaxlab.engine.sampling import Sampling, sample
+from jaxlab.engine.sampling import Sampling, filter_logits, sample
+
+#: Greedy decoding's settings as the pytree a step takes (argmax reads none of the numbers, nor the key:
+#: greedy steps may pass ``key=None``). NumPy scalars, so importing this module starts no device.
+GREEDY = Sampling(np.float32(1e-6), np.int32(0), np.float32(1.0), np.float32(0.0), greedy=True)
+
+#: The model's hooks a jitted step treats as static (``upto``: layers run; ``reduce``: a function).
+HOOKS = ("upto", "reduce")
+
+
+def next_logits(params: Params, tokens, positions, cache: KVCache | None, **hooks):
+    """tokens, positions [B, T] -> (logits of the last position [B, V] float32, cache).
+
+    With left padding the last position is every row's last real token. ``hooks`` go to
+    :func:`~jaxlab.engine.model.forward` (``upto``, ``reduce``)."""
+    logits, cache = forward(params, tokens, positions, cache, last_only=True, **hooks)
+    return logits[:, 0], cache
 
 
 def choose(logits: jax.Array, key: jax.Array, sampling: Sampling) -> tuple[jax.Array, jax.Array]:
@@ -32,17 +59,75 @@ def choose(logits: jax.Array, key: jax.Array, sampling: Sampling) -> tuple[jax.A
 def prefill_step(params: Params, tokens, positions, cache: KVCache, key, sampling: Sampling, **hooks):
     """Prompt chunk tokens, positions [B, T] -> (next tokens [B], their logprobs [B], cache).
 
-    For all but the last chunk of a long prompt the sampled token is ignored. ``hooks`` go to
-    :func:`~jaxlab.engine.model.forward` (``reduce`` for a tensor-parallel shard)."""
-    logits, cache = forward(params, tokens, positions, cache, last_only=True, **hooks)
-    return (*choose(logits[:, 0], key, sampling), cache)
+    For all but the last chunk of a long prompt the sampled token is ignored."""
+    logits, cache = next_logits(params, tokens, positions, cache, **hooks)
+    return (*choose(logits, key, sampling), cache)
 
 
 def decode_step(params: Params, tokens, positions, cache: KVCache, key, sampling: Sampling, **hooks):
     """One token per row: tokens, positions [B] -> (next tokens [B], their logprobs [B], cache)."""
-    logits, cache = forward(params, tokens[:, None], positions[:, None], cache, **hooks)
-    return (*choose(logits[:, 0], key, sampling), cache)
+    logits, cache = next_logits(params, tokens[:, None], positions[:, None], cache, **hooks)
+    return (*choose(logits, key, sampling), cache)
 
 
-jit_prefill = jax.jit(prefill_step, donate_argnums=(3,))
-jit_decode = jax.jit(decode_step, donate_argnums=(3,))
+def greedy_step(params: Params, tokens, positions, cache: KVCache, **hooks):
+    """The greedy decode step with its logits: tokens, positions [B] -> (next tokens [B] int32, logits [B, V], cache)."""
+    logits, cache = next_logits(params, tokens[:, None], positions[:, None], cache, **hooks)
+    return sample(logits, None, GREEDY), logits, cache
+
+
+#: accept(logits [B, k+1, V], drafts [B, k], q [B, k, V] or None, key, sampling) -> (tokens [B, k+1], kept [B])
+AcceptRule = Callable
+
+
+def verify_step(
+    params: Params, tokens, positions, cache: KVCache, index, q, key, sampling: Sampling, *, accept: AcceptRule, **hooks
+):
+    """Speculative decoding's check: roll the cache back to ``index`` (forgetting the previous round's
+    rejected tokens), run ``tokens`` [B, k+1] = ``[x, d_1..d_k]`` at ``positions`` [B, k+1] in one pass,
+    and let ``accept`` keep a prefix of the drafts (``q``: the draft's probabilities [B, k, V], or None).
+
+    -> (tokens [B, k+1]: the model's choice after each prefix, accepted count [B], cache). With k = 0
+    (``tokens`` [B, 1]) it is a plain decode step that also rolls back."""
+    cache = rollback(cache, index)
+    logits, cache = forward(params, tokens, positions, cache, **hooks)  # [B, k+1, V]
+    out, n = accept(logits, tokens[:, 1:], q, key, sampling)
+    return out, n, cache
+
+
+def draft_choice(logits: jax.Array, key, sampling: Sampling) -> tuple[jax.Array, jax.Array | None]:
+    """A draft model's pick: logits [B, V] -> (token [B] int32, the distribution it was drawn from [B, V];
+    None when greedy, where the rule needs no distribution)."""
+    token = sample(logits, key, sampling)
+    return token, None if sampling.greedy else jax.nn.softmax(filter_logits(logits, sampling), axis=-1)
+
+
+def draft_step(params: Params, prev, x, pos, cache: KVCache, index, key, sampling: Sampling, *, k: int, **hooks):
+    """k draft tokens after ``x`` (at positions ``pos`` [B]) with the draft model and its own cache.
+
+    ``index`` is the slot of ``prev`` (the token before ``x``): the draft's cache is rolled back there and
+    fed ``[prev, x]``, rewriting ``prev``'s slot, which fills it in the one case where it was never fed (all
+    k drafts of the last round accepted). Returns (drafts [B, k], q [B, k, V] or None when greedy, cache)."""
+    cache = rollback(cache, index)
+    tokens = jnp.stack([prev, x], axis=1)
+    positions = jnp.stack([pos - 1, pos], axis=1)
+    logits, cache = next_logits(params, tokens, positions, cache, **hooks)
+    keys = jax.random.split(key, k)
+    d0, q0 = draft_choice(logits, keys[0], sampling)
+
+    def body(carry, key):
+        d, p, cache = carry
+        logits, cache = next_logits(params, d[:, None], p[:, None], cache, **hooks)
+        nd, nq = draft_choice(logits, key, sampling)
+        return (nd, p + 1, cache), (nd, nq)
+
+    (_, _, cache), (ds, qs) = jax.lax.scan(body, (d0, pos + 1, cache), keys[1:])
+    drafts = jnp.concatenate([d0[:, None], ds.T], axis=1)  # [B, k]
+    q = None if sampling.greedy else jnp.concatenate([q0[:, None], jnp.moveaxis(qs, 0, 1)], axis=1)
+    return drafts, q, cache
+
+
+jit_prefill = jax.jit(prefill_step, donate_argnums=(3,), static_argnames=HOOKS)
+jit_decode = jax.jit(decode_step, donate_argnums=(3,), static_argnames=HOOKS)
+jit_verify = jax.jit(verify_step, donate_argnums=(3,), static_argnames=("accept", *HOOKS))
+jit_draft = jax.jit(draft_step, donate_argnums=(4,), static_argnames=("k", *HOOKS))

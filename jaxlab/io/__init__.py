@@ -1,0 +1,3 @@
+"""Files in: ``assets`` (find, checksum and cache the embedded model; jaxlab's data files), ``gguf`` and
+``hf`` (GGUF and Hugging Face checkpoints → a flat parameter tree), ``store`` (the converted-parameter
+cache), ``tokenizer`` (byte-level BPE from the GGUF metadata, chat template, streaming decode)."""

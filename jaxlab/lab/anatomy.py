@@ -11,9 +11,9 @@
   formula ``2 x layers x batch x slots x kv_heads x head_dim x itemsize`` with the bytes of a cache that is
   only shaped (``jax.eval_shape``, nothing allocated); :func:`live_growth` measures what creating one
   adds to the arrays alive on the device.
-* **Prefill and decode**: :func:`prefill` and :func:`decode_step` are the jitted model step with a
-  *donated* cache; :func:`greedy_with_cache` runs them, :func:`uncached_logits` is the reference they must
-  equal; :func:`write_token` / :func:`write_kv` are the cache write on its own, to time donation
+* **Prefill and decode**: :func:`prefill` and :func:`decode_step` are the engine's model step
+  (:func:`jaxlab.engine.steps.next_logits`) jitted with a *donated* cache, given a whole prompt or one
+  token; :func:`greedy_with_cache` runs them, :func:`uncached_logits` is the reference they must equal; :func:`write_token` / :func:`write_kv` are the cache write on its own, to time donation
   (:func:`time_cache_write`). They find the slot axis with :func:`slot_axes` instead of assuming a layout.
 * **Latency against context**: :func:`latency_vs_context` times one new token with the cache (one decode
   step) and without it (recompute the whole prefix), :func:`plot_latency` draws it.
@@ -38,6 +38,7 @@ import numpy as np
 from jaxlab.engine.config import LlamaConfig
 from jaxlab.engine.kvcache import KVCache, cache_bytes, init_cache
 from jaxlab.engine.model import Params, apply_rope, forward, rope_cos_sin
+from jaxlab.engine.steps import next_logits
 
 # --------------------------------------------------------------------------------------------------
 # Source and parameter tree
@@ -330,18 +331,11 @@ def live_growth(make: Callable[[], object]) -> tuple[object, int]:
 # --------------------------------------------------------------------------------------------------
 
 
-@functools.partial(jax.jit, donate_argnums=(3,))
-def prefill(params: Params, tokens, positions, cache: KVCache):
-    """Prompt [B, T] into the cache in one call -> (logits [B, T, V], cache). The cache is donated."""
-    return forward(params, tokens, positions, cache)
-
-
-@functools.partial(jax.jit, donate_argnums=(3,))
-def decode_step(params: Params, tokens, positions, cache: KVCache):
-    """One new token per row: tokens, positions [B, 1] -> (logits [B, V], cache). The cache is donated:
-    the caller must use the returned cache, the one passed in is deleted."""
-    logits, cache = forward(params, tokens, positions, cache)
-    return logits[:, -1], cache
+#: The model step with the cache donated (:func:`jaxlab.engine.steps.next_logits`): tokens, positions
+#: [B, T] -> (logits of the last position [B, V], cache). Prefill gives it the whole prompt (T tokens in
+#: one call), decode one new token per row (T = 1): one function, one compiled program per shape. The
+#: cache is donated: the caller must use the returned cache, the one passed in is deleted.
+prefill = decode_step = jax.jit(next_logits, donate_argnums=(3,))
 
 
 @jax.jit
@@ -350,9 +344,7 @@ def uncached_logits(params: Params, tokens, positions):
     return forward(params, tokens, positions)[0]
 
 
-@functools.partial(jax.jit, static_argnames=("last_only",))
-def _forward_nocache(params, tokens, positions, last_only=True):
-    return forward(params, tokens, positions, last_only=last_only)[0]
+_next_logits_nocache = jax.jit(next_logits)  # the same step without a cache: recompute the whole prefix
 
 
 def greedy_with_cache(params: Params, prompt: Sequence[int], n: int, slots: int, cache: KVCache | None = None):
@@ -365,11 +357,7 @@ def greedy_with_cache(params: Params, prompt: Sequence[int], n: int, slots: int,
     start = int(cache.index)
     toks = jnp.asarray([list(prompt)], jnp.int32)
     pos = jnp.arange(start, start + toks.shape[1], dtype=jnp.int32)[None]
-    if toks.shape[1] == 1:
-        last, cache = decode_step(params, toks, pos, cache)
-    else:
-        logits, cache = prefill(params, toks, pos, cache)
-        last = logits[:, -1]
+    last, cache = prefill(params, toks, pos, cache)  # the prompt in one call (one token: a decode step)
     out, all_logits = [], []
     p = start + toks.shape[1]
     for i in range(n):
@@ -503,7 +491,7 @@ def latency_vs_context(params: Params, contexts: Sequence[int], slots: int, repe
     inputs, compiled, caches = {}, {}, {}
     for ctx in contexts:
         inputs[ctx] = (jnp.ones((1, ctx + 1), jnp.int32), jnp.arange(ctx + 1, dtype=jnp.int32)[None])
-        compiled[ctx] = _forward_nocache.lower(params, *inputs[ctx]).compile()  # compile only: runs are costly
+        compiled[ctx] = _next_logits_nocache.lower(params, *inputs[ctx], None).compile()  # compile only: runs cost
         cache = filled_cache(cfg, 1, slots, ctx, params.policy.jnp_dtype)
         logits, caches[ctx] = decode_step(params, one, jnp.full((1, 1), ctx, jnp.int32), cache)
         jax.block_until_ready(logits)
@@ -512,7 +500,7 @@ def latency_vs_context(params: Params, contexts: Sequence[int], slots: int, repe
     for r in range(repeats):
         for ctx in contexts:
             t0 = time.perf_counter()
-            jax.block_until_ready(compiled[ctx](params, *inputs[ctx]))
+            jax.block_until_ready(compiled[ctx](params, *inputs[ctx], None))
             nocache[ctx].append(time.perf_counter() - t0)
             pos = jnp.full((1, 1), ctx + 1 + r, jnp.int32)
             t0 = time.perf_counter()

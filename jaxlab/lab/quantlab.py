@@ -32,7 +32,8 @@ import numpy as np
 from jaxlab import quant
 from jaxlab.engine.kvcache import init_cache
 from jaxlab.engine.model import Params
-from jaxlab.lab.stages import greedy_decode_step
+from jaxlab.engine.programs import Programs
+from jaxlab.engine.steps import GREEDY, jit_decode
 from jaxlab.quant import QuantizedMatrix
 
 HI = jax.lax.Precision.HIGHEST
@@ -296,24 +297,20 @@ def time_formulations(
 # --------------------------------------------------------------------------------------------------
 
 
-_decode = jax.jit(greedy_decode_step, donate_argnums=(3,))
-
-
 def decode_step_times(variants: dict, batch: int, slots: int = 256, steps: int = 4, reps: int = 3) -> list[dict]:
-    """The greedy decode step (``jaxlab.lab.stages.greedy_decode_step``, cache donated as a server does) of
-    each variant ``{label: (params, kv_dtype)}``, at ``batch`` rows and a ``slots``-slot cache.
+    """The greedy decode step (the engine's :func:`jaxlab.engine.steps.decode_step`, cache donated as
+    :class:`jaxlab.Generator` and a server run it) of each variant ``{label: (params, kv_dtype)}``, at
+    ``batch`` rows and a ``slots``-slot cache.
 
     Each variant is compiled first (``compile s``), then ``reps`` rounds run ``steps`` steps of every
     variant in turn; ``ms/step`` is the median over all timed steps, ``vs <first label>`` the first
     variant's median over this one's (the first variant is the baseline)."""
-    state, compile_s = {}, {}
+    programs, state, compile_s = Programs(), {}, {}
     for label, (params, kv) in variants.items():
         cache = init_cache(params.config, batch, slots, kv)
         tok, pos = jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), jnp.int32)
-        t0 = time.perf_counter()
-        step = _decode.lower(params, tok, pos, cache).compile()
-        compile_s[label] = time.perf_counter() - t0
-        tok, cache = step(params, tok, pos, cache)  # first run: touches every buffer once
+        step, compile_s[label] = programs.get("decode", jit_decode, (params, tok, pos, cache, None, GREEDY))
+        tok, _, cache = step(params, tok, pos, cache, None, GREEDY)  # first run: touches every buffer once
         jax.block_until_ready(tok)
         state[label] = [step, params, tok, pos + 1, cache]
     times = {label: [] for label in variants}
@@ -322,7 +319,7 @@ def decode_step_times(variants: dict, batch: int, slots: int = 256, steps: int =
             step, params, tok, pos, cache = st
             for _ in range(steps):
                 t = time.perf_counter()
-                tok, cache = step(params, tok, pos, cache)
+                tok, _, cache = step(params, tok, pos, cache, None, GREEDY)
                 jax.block_until_ready(tok)
                 times[label].append(time.perf_counter() - t)
                 pos = jnp.minimum(pos + 1, slots - 1)

@@ -1,6 +1,7 @@
 """Speculative decoding, measured: acceptance and speed-up by task type (:func:`measure`), how well an
 early exit of the model guesses (:func:`early_exit_agreement`), the cost model (:func:`step_costs`,
-:func:`expected_speedup`), and the rounds shown and plotted for notebook 10 and ``jaxlab bench``.
+:func:`expected_speedup`), the rejection rule's output distribution (:func:`first_token_frequencies`),
+and the rounds shown and plotted for notebook 10 and ``jaxlab bench``.
 The decoder itself is :mod:`jaxlab.engine.speculative`."""
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxlab.engine.generate import Generator
-from jaxlab.engine.kvcache import init_cache, left_pad
-from jaxlab.engine.model import Params, rope_cos_sin
+from jaxlab.engine.kvcache import left_pad
+from jaxlab.engine.model import Params, forward
 from jaxlab.engine.sampling import SamplingParams
 from jaxlab.engine.speculative import (
     DEFAULT_DRAFT_LAYERS,
@@ -22,9 +23,7 @@ from jaxlab.engine.speculative import (
     METHODS,
     SpecResult,
     SpeculativeDecoder,
-    draft_params,
-    draft_steps,
-    verify_step,
+    speculative_sample,
 )
 from jaxlab.errors import InvalidRequestError
 
@@ -166,24 +165,11 @@ def measure(
 
 
 def _exit_tokens(params: Params, tokens, positions, layers: tuple, n_score: int):
-    """Greedy tokens of the model cut after each of ``layers`` (final norm and output embedding applied to
-    that layer's output), at the last ``n_score`` positions but one: [len(layers), B, n_score]."""
-    mod = params.module()
-    cfg = mod.cfg
-    x = jnp.take(mod.embed[...], tokens, axis=0).astype(mod.policy.jnp_dtype)
-    cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
-    picks = []
-    for i, layer in enumerate(mod.layers):
-        x, _ = layer(x, positions, cos, sin, positions)
-        if i + 1 in layers:
-            h = mod.norm(x[:, -n_score - 1 : -1])
-            logits = (
-                jnp.einsum("btd,vd->btv", h, mod.embed[...].astype(h.dtype), precision=mod.policy.lax_precision)
-                if cfg.tie_embeddings
-                else h @ mod.lm_head[...]
-            )
-            picks.append(jnp.argmax(logits, axis=-1))
-    return jnp.stack(picks)
+    """Greedy tokens of the model cut after each of ``layers`` (one pass of ``forward(..., upto=layers)``:
+    the final norm and output embedding read each exit's output), at the last ``n_score`` positions but
+    one: [len(layers), B, n_score]."""
+    logits, _ = forward(params, tokens, positions, upto=layers)  # one [B, T, V] per exit
+    return jnp.stack([jnp.argmax(x[:, -n_score - 1 : -1], axis=-1) for x in logits])
 
 
 _jit_exit_tokens = jax.jit(_exit_tokens, static_argnames=("layers", "n_score"))
@@ -200,7 +186,7 @@ def early_exit_agreement(
     For each L, the fraction of the ``generated`` tokens (all but the first) that the model cut after
     L layers predicts from the true context: exactly the chance that such a draft's token is accepted
     when the tokens before it were right (the per-token acceptance rate). One forward pass scores every
-    L; the full depth must give 1.0, which checks the probe itself. ``generated`` rows must have equal
+    L (``forward(..., upto=layers)``: one exit per L); the full depth must give 1.0, which checks the probe itself. ``generated`` rows must have equal
     lengths (e.g. greedy runs with EOS ignored)."""
     cfg = params.config
     layers = tuple(sorted(set(layers or range(1, cfg.n_layers + 1))))
@@ -226,13 +212,13 @@ def step_costs(
 ) -> dict[str, float]:
     """Seconds (best of ``repeats``) of one plain decode step (T=1), one verify step (T=k+1) and, with
     ``draft_layers``, one draft round (k tokens of the draft model), with the same programs and shapes
-    a generation of ``batch`` prompts of ``prompt_len`` tokens uses."""
-    dec = SpeculativeDecoder(params, k=k)
-    _, _, cache_len = dec._plan.plan([prompt_len] * batch, max_new_tokens + k)
+    a generation of ``batch`` prompts of ``prompt_len`` tokens uses (the decoder's own, already compiled
+    if a run of that shape came first)."""
+    dec = SpeculativeDecoder(params, method="draft" if draft_layers else "ngram", k=k, draft_layers=draft_layers or 1)
+    cache_len = dec.plan([prompt_len] * batch, max_new_tokens).cache_len
     samp = SamplingParams().state()
     key = jax.random.key(0)
-    index = jnp.int32(prompt_len)
-    pos = jnp.full((batch,), prompt_len, jnp.int32)
+    pos = np.full((batch,), prompt_len, np.int32)
 
     def best(call, cache):
         times = []
@@ -244,24 +230,37 @@ def step_costs(
         return min(times[1:])
 
     def verify(t):
-        toks = jnp.ones((batch, t), jnp.int32)
-        positions = pos[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
-        return lambda c: (lambda o: (o[0], o[2]))(
-            verify_step(params, toks, positions, c, index, None, key, samp, onehot=False)
-        )
+        toks = np.ones((batch, t), np.int32)
+        positions = pos[:, None] + np.arange(t, dtype=np.int32)[None]
+        return lambda c: (lambda o: (o[0], o[2]))(dec.verify(toks, positions, c, prompt_len, None, key, samp))
 
     costs = {
-        "decode_s": best(verify(1), init_cache(params.config, batch, cache_len, params.policy.jnp_dtype)),
-        "verify_s": best(verify(k + 1), init_cache(params.config, batch, cache_len, params.policy.jnp_dtype)),
+        "decode_s": best(verify(1), dec.init_caches(batch, cache_len)[0]),
+        "verify_s": best(verify(k + 1), dec.init_caches(batch, cache_len)[0]),
     }
     if draft_layers:
-        dp = draft_params(params, draft_layers)
-        ones = jnp.ones((batch,), jnp.int32)
+        ones = np.ones((batch,), np.int32)
         costs["draft_s"] = best(
-            lambda c: (lambda o: (o[0], o[2]))(draft_steps(dp, ones, ones, pos, c, index - 1, key, samp, k=k)),
-            init_cache(dp.config, batch, cache_len, dp.policy.jnp_dtype),
+            lambda c: (lambda o: (o[0], o[2]))(dec.draft(ones, ones, pos, c, prompt_len - 1, key, samp)),
+            dec.init_caches(batch, cache_len)[1],
         )
     return costs
+
+
+def first_token_frequencies(p, q, n: int = 100_000, seed: int = 0, rule=None) -> np.ndarray:
+    """Frequencies of the first token emitted by a rejection ``rule`` (default
+    :func:`jaxlab.engine.speculative.speculative_sample`) over ``n`` independent rounds with one draft
+    token drawn from ``q`` [V] and target ``p`` [V]. With a correct rule they approach ``p``, whatever
+    ``q`` is."""
+    rule = rule or speculative_sample
+    p = jnp.asarray(p, jnp.float32)
+    q = jnp.asarray(q, jnp.float32)
+    k_d, k_r = jax.random.split(jax.random.key(seed))
+    drafts = jax.random.categorical(k_d, jnp.log(q), shape=(n, 1)).astype(jnp.int32)
+    pp = jnp.broadcast_to(jnp.stack([p, p]), (n, 2, p.shape[-1]))  # position 0 and the bonus position
+    qq = jnp.broadcast_to(q[None], (n, 1, q.shape[-1]))
+    out, _ = jax.jit(rule)(pp, qq, drafts, k_r)
+    return np.bincount(np.asarray(out[:, 0]), minlength=p.shape[-1]) / n
 
 
 def expected_tokens_per_call(alpha, k: int):

@@ -6,26 +6,27 @@ tokens; what changes is how much is recomputed and how often XLA compiles:
 1. :func:`naive_generate` - recompute the whole sequence every token with ``jit(forward)``. The
    sequence grows, so every token is a new input shape, and a new shape is a new compilation.
 2. :func:`padded_generate` - the same recomputation inside a fixed-shape buffer whose length is a
-   *bucket* (:func:`jaxlab.engine.generate.bucket`); unused slots hold position -1 (padding), so the mask hides
+   *bucket* (:func:`jaxlab.engine.plan.bucket`); unused slots hold position -1 (padding), so the mask hides
    them. One compilation serves every step and every prompt that fits the bucket.
-3. :func:`cached_generate` - prefill the prompt once into a KV cache, then a one-token
-   :func:`greedy_decode_step` per token (jitted, the cache donated so it is updated in place). The host
-   sees every token, as streaming and EOS checks need. ``jit=False`` runs the same step eagerly, op by op:
-   the baseline for jit's speed-up.
+3. :func:`cached_generate` - prefill the prompt once into a KV cache, then one decode step per token:
+   the engine's own jitted steps (:mod:`jaxlab.engine.steps`, the cache donated so it is updated in
+   place), which :class:`jaxlab.Generator` runs too. The host sees every token, as streaming and EOS
+   checks need. ``jit=False`` runs the same step eagerly, op by op (:func:`greedy_decode_step`): the
+   baseline for jit's speed-up.
 4. :func:`on_device_generate` - prefill, then the whole loop in one ``lax.fori_loop``
    (:func:`jaxlab.engine.generate.decode_on_device`): no host round trip per token.
 
 Each returns a :class:`StageRun` (tokens, number of compilations, compile seconds, run seconds).
 Compilation is timed apart from execution with ahead-of-time compilation,
 ``jax.jit(f).lower(*args).compile()``, and compiled programs are kept per input signature (shapes and
-dtypes, the very key ``jit`` caches on) in one table for the process, so a second call with a known
-signature compiles nothing.
+dtypes, the very key ``jit`` caches on) in one table for the process (:data:`PROGRAMS`, the engine's
+:class:`~jaxlab.engine.programs.Programs`), so a second call with a known signature compiles nothing.
 
 Notebook 06 batches and samples:
 
 * :func:`single_sequence_step` handles one sequence (no batch axis); :func:`vmap_step` is ``jax.vmap``
-  of it, :func:`batched_step` the natively batched model. :func:`step_generate` runs either over a
-  ragged, left-padded batch (:func:`left_pad`: padding at position -1) one token per call.
+  of it, :func:`batched_step` the natively batched model (the engine's greedy step). :func:`step_generate`
+  runs either over a ragged, left-padded batch (:func:`left_pad`: padding at position -1) one token per call.
 * :func:`throughput_vs_batch` times a decode step at several batch sizes, :func:`decode_step_cost`
   counts its FLOPs and bytes, and :func:`add_roofline` puts each row against the machine's roofline.
 * :func:`filtered_probabilities` and :func:`sample_frequencies` show what each sampling filter leaves
@@ -43,11 +44,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlab.engine.generate import decode_on_device
+from jaxlab.engine.generate import jit_decode_on_device
 from jaxlab.engine.kvcache import KVCache, init_cache, left_pad
 from jaxlab.engine.model import Params, forward
 from jaxlab.engine.plan import CACHE_BUCKETS, PREFILL_BUCKETS, bucket
+from jaxlab.engine.programs import Programs
 from jaxlab.engine.sampling import SamplingParams, filter_logits, sample
+from jaxlab.engine.steps import GREEDY, greedy_step, jit_decode, jit_prefill, next_logits
 from jaxlab.tools.profile import CompileCounter
 
 #: Buffer lengths of the padded (recompute) stage: prompt + new tokens, rounded up to one of these.
@@ -59,14 +62,8 @@ SEQ_BUCKETS = (64, 128, 256, 512)
 # --------------------------------------------------------------------------------------------------
 
 
-def signature(name: str, args: Sequence[Any], static: dict | None = None) -> tuple:
-    """What a compiled program is keyed on: the tree structure, every leaf's shape and dtype, statics."""
-    leaves, treedef = jax.tree.flatten(tuple(args))
-    shapes = tuple((tuple(a.shape), str(a.dtype), bool(getattr(a, "weak_type", False))) for a in leaves)
-    return name, treedef, shapes, tuple(sorted((static or {}).items()))
-
-
-_PROGRAMS: dict[tuple, Callable] = {}
+#: Every stage's compiled programs, by signature, for the whole process.
+PROGRAMS = Programs()
 
 
 @dataclass
@@ -79,17 +76,13 @@ class Meter:
     run_s: float = 0.0  # synchronized execution
 
     def program(self, name: str, jitted, *args, **static) -> Callable:
-        """The compiled program for these arguments; compiles it (timed, counted) if it is new."""
-        sig = signature(name, args, static)
-        fn = _PROGRAMS.get(sig)
-        if fn is None:
-            with CompileCounter() as cc:
-                t0 = time.perf_counter()
-                fn = jitted.lower(*args, **static).compile()
-                self.compile_s += time.perf_counter() - t0
-            self.compiles += cc.count
-            self.from_disk += cc.cache_hits
-            _PROGRAMS[sig] = fn
+        """The compiled program for these arguments (from :data:`PROGRAMS`); compiles it (timed, counted)
+        if it is new."""
+        with CompileCounter() as cc:
+            fn, seconds = PROGRAMS.get(name, jitted, args, static)
+        self.compile_s += seconds
+        self.compiles += cc.count
+        self.from_disk += cc.cache_hits
         return fn
 
     def run(self, fn: Callable, *args):
@@ -159,25 +152,17 @@ def _next_from_full(params: Params, tokens, positions, last):
     return jnp.argmax(row, axis=-1).astype(jnp.int32)
 
 
-def _prefill_greedy(params: Params, tokens, positions, cache: KVCache):
-    """Prompt [B, T] (left-padded) -> (greedy first token [B], cache holding the prompt)."""
-    logits, cache = forward(params, tokens, positions, cache, last_only=True)
-    return jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32), cache
-
-
 def greedy_decode_step(params: Params, token, pos, cache: KVCache):
     """One greedy decode step: token, pos [B] int -> (next token [B] int32, updated cache).
 
     The token is written into the cache at slot ``cache.index``; attention reads every slot whose
-    position lies in [0, pos]. This is the function the notebook-04 exercise asks you to write."""
-    logits, cache = forward(params, token[:, None], pos[:, None], cache)  # logits [B, 1, V]
-    return jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32), cache
+    position lies in [0, pos]. This is the function the notebook-04 exercise asks you to write; here it
+    is the engine's greedy step (:func:`jaxlab.engine.steps.greedy_step`) without its logits."""
+    nxt, _, cache = greedy_step(params, token, pos, cache)
+    return nxt, cache
 
 
 _jit_next_from_full = jax.jit(_next_from_full)
-_jit_prefill = jax.jit(_prefill_greedy, donate_argnums=(3,))
-_jit_decode = jax.jit(greedy_decode_step, donate_argnums=(3,))
-_jit_on_device = jax.jit(decode_on_device, static_argnames=("steps", "sampling"), donate_argnums=(3,))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -237,19 +222,22 @@ def padded_generate(
 
 
 def _prefill(params: Params, prompt_ids: Sequence[int], n: int, meter: Meter, cache_buckets=CACHE_BUCKETS):
-    """Left-pad the prompt to its prefill bucket, run it once -> (first token [1], cache)."""
+    """Left-pad the prompt to its prefill bucket, run it once (the engine's prefill step, greedy)
+    -> (first token [1], cache)."""
     cfg = params.config
     tokens, positions = pad_to_bucket(prompt_ids, PREFILL_BUCKETS, cfg.pad_id)
     cache = init_cache(cfg, 1, bucket(len(tokens) + n, cache_buckets), params.policy.jnp_dtype)
-    args = (params, jnp.asarray(tokens[None]), jnp.asarray(positions[None]), cache)
-    fn = meter.program("prefill", _jit_prefill, *args)
-    return meter.run(fn, *args)
+    args = (params, jnp.asarray(tokens[None]), jnp.asarray(positions[None]), cache, None, GREEDY)
+    fn = meter.program("prefill", jit_prefill, *args)
+    tok, _, cache = meter.run(fn, *args)
+    return tok, cache
 
 
 def cached_generate(
     params: Params, prompt_ids: Sequence[int], n: int, *, jit: bool = True, cache_buckets: Sequence[int] = CACHE_BUCKETS
 ) -> StageRun:
-    """Stage 3: prefill once, then one :func:`greedy_decode_step` per token, the loop on the host.
+    """Stage 3: prefill once, then one decode step per token (the engine's jitted step, greedy), the loop
+    on the host.
 
     ``jit=False`` runs the decode step eagerly (op by op, each op dispatched from Python); its first
     step, which compiles every op's small program, is counted as compile time."""
@@ -258,16 +246,16 @@ def cached_generate(
     out, step_s = [int(tok[0])], []
     pos = np.array([len(prompt_ids)], np.int32)
     for i in range(n - 1):
-        args = (params, tok, jnp.asarray(pos), cache)
         if jit:
-            fn = meter.program("decode", _jit_decode, *args)
+            args = (params, tok, jnp.asarray(pos), cache, None, GREEDY)
+            fn = meter.program("decode", jit_decode, *args)
             before = meter.run_s
-            tok, cache = meter.run(fn, *args)
+            tok, _, cache = meter.run(fn, *args)
             step_s.append(meter.run_s - before)
         else:
             t0 = time.perf_counter()
             with CompileCounter() as cc:
-                tok, cache = jax.block_until_ready(greedy_decode_step(*args))
+                tok, cache = jax.block_until_ready(greedy_decode_step(params, tok, jnp.asarray(pos), cache))
             seconds = time.perf_counter() - t0
             if i == 0:  # the first eager call compiles each op's program: that is its "compile"
                 meter.compiles += cc.count
@@ -289,7 +277,7 @@ def on_device_generate(
     meter = Meter()
     tok, cache = _prefill(params, prompt_ids, n, meter, cache_buckets)
     args = (params, tok, jnp.asarray([len(prompt_ids)], jnp.int32), cache)
-    fn = meter.program("on_device", _jit_on_device, *args, steps=n)
+    fn = meter.program("on_device", jit_decode_on_device, *args, steps=n)
     out, _ = meter.run(fn, *args)
     return _run("4 on device: whole loop in fori_loop", meter, np.asarray(out)[0].tolist())
 
@@ -318,8 +306,8 @@ def single_sequence_step(params: Params, token, pos, cache: KVCache):
 
     -> (logits [V], cache). Written for one example, as equinox-style layers are; ``vmap`` batches it
     (:func:`vmap_step`)."""
-    logits, cache = forward(params, token[None, None], pos[None, None], cache)  # [1, 1, V]
-    return logits[0, 0], cache
+    logits, cache = next_logits(params, token[None, None], pos[None, None], cache)  # [1, V]
+    return logits[0], cache
 
 
 def _rows(a, b: int):
@@ -354,10 +342,9 @@ def vmap_step(params: Params, tokens, pos, cache: KVCache):
 
 
 def batched_step(params: Params, tokens, pos, cache: KVCache):
-    """The natively batched model: tokens, pos [B] -> (next [B], logits [B, V], cache)."""
-    logits, cache = forward(params, tokens[:, None], pos[:, None], cache)
-    logits = logits[:, 0]
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32), logits, cache
+    """The natively batched model: tokens, pos [B] -> (next [B], logits [B, V], cache). It is the engine's
+    greedy decode step (:func:`jaxlab.engine.steps.greedy_step`) as it is."""
+    return greedy_step(params, tokens, pos, cache)
 
 
 _STEPS = {"batched": jax.jit(batched_step, donate_argnums=(3,)), "vmap": jax.jit(vmap_step, donate_argnums=(3,))}
@@ -542,7 +529,7 @@ class Explorer:
         self.tokenizer = tokenizer
         self.prompt = prompt
         self.max_new_tokens = max_new_tokens
-        self._widgets: dict[str, Any] = {}
+        self.widgets: dict[str, Any] = {}  # the last widget() call's widgets, by name
 
     def generate(
         self,
@@ -581,5 +568,5 @@ class Explorer:
             self.generate(box.value, temp.value, top_p.value, seed.value, on_text=out.append_stdout)
 
         button.on_click(on_click)
-        self._widgets = dict(prompt=box, temperature=temp, top_p=top_p, seed=seed, button=button, output=out)
+        self.widgets = dict(prompt=box, temperature=temp, top_p=top_p, seed=seed, button=button, output=out)
         return w.VBox([box, w.HBox([temp, top_p]), w.HBox([seed, button]), out])

@@ -35,9 +35,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxlab import quant
-from jaxlab.engine.generate import decode_on_device
+from jaxlab.engine.generate import jit_decode_on_device
 from jaxlab.engine.kvcache import cache_bytes, init_cache, left_pad, rollback
 from jaxlab.engine.model import Params, forward
+from jaxlab.engine.steps import GREEDY, jit_prefill
 from jaxlab.io import assets
 
 EVAL_DIR = assets.data_dir() / "eval"  # data/eval: in the wheel, or a clone's (JAXLAB_DATA overrides)
@@ -210,15 +211,16 @@ def next_token_stats(
 # --------------------------------------------------------------------------------------------------
 
 
-@partial(jax.jit, static_argnames=("kv", "length"))
-def _cached_argmax(params, tokens, positions, kv="float32", length=0):
-    """Forward [B, T] through a fresh cache of ``length`` slots -> (argmax [B, T], cache)."""
-    cache = init_cache(params.config, tokens.shape[0], length, jnp.int8 if kv == "int8" else jnp.float32)
+def _kv_cache(params: Params, batch: int, length: int, kv: str):
+    return init_cache(params.config, batch, length, jnp.int8 if kv == "int8" else jnp.float32)
+
+
+@partial(jax.jit, donate_argnums=(3,))
+def _teacher_forced(params, tokens, positions, cache):
+    """A scoring pass, not a step: tokens [B, T] through the cache -> (argmax at every position [B, T],
+    cache). Every position is judged on the given context, whatever the model would have chosen."""
     logits, cache = forward(params, tokens, positions, cache)
     return jnp.argmax(logits, axis=-1).astype(jnp.int32), cache
-
-
-_decode_loop = jax.jit(decode_on_device, static_argnames=("steps",), donate_argnums=(3,))
 
 
 def _prompt_width(prompts: Sequence[Sequence[int]]) -> int:
@@ -229,16 +231,18 @@ def greedy_continuations(
     params: Params, prompts: Sequence[Sequence[int]], n_tokens: int, cache_dtype=None, batch: int = 8
 ) -> np.ndarray:
     """Greedy continuations, EOS ignored: prompt ids -> [len(prompts), n_tokens] int32. Prompts are
-    left-padded to the longest one, prefilled in one pass and decoded on device (``decode_on_device``)."""
+    left-padded to the longest one, prefilled in one pass (the engine's prefill step) and decoded on
+    device (``decode_on_device``)."""
     kv, width = kv_format(cache_dtype), _prompt_width(prompts)
     pad = params.config.pad_id
     out = []
     for i in range(0, len(prompts), batch):
         rows = list(prompts[i : i + batch])
         tokens, positions = left_pad(rows, pad, width)
-        top, cache = _cached_argmax(params, jnp.asarray(tokens), jnp.asarray(positions), kv=kv, length=width + n_tokens)
+        cache = _kv_cache(params, len(rows), width + n_tokens, kv)
+        first, _, cache = jit_prefill(params, jnp.asarray(tokens), jnp.asarray(positions), cache, None, GREEDY)
         lens = jnp.asarray([len(p) for p in rows], jnp.int32)
-        toks, _ = _decode_loop(params, top[:, -1], lens, cache, steps=n_tokens)
+        toks, _ = jit_decode_on_device(params, first, lens, cache, steps=n_tokens)
         out.append(np.asarray(toks))
     return np.concatenate(out)
 
@@ -283,12 +287,13 @@ def greedy_agreement(
         # row's last prompt token sits in column width - 1
         seqs = [p + r[:-1].tolist() for p, r in zip(rows, ref)]
         tokens, positions = left_pad(seqs, pad, width + n_tokens - 1)
-        top, cache = _cached_argmax(params, jnp.asarray(tokens), jnp.asarray(positions), kv=kv, length=width + n_tokens)
+        cache = _kv_cache(params, len(rows), width + n_tokens, kv)
+        top, cache = _teacher_forced(params, jnp.asarray(tokens), jnp.asarray(positions), cache)
         predicted = np.asarray(top[:, width - 1 :])  # [B, n_tokens]: the predictions of ref[:, 0..n-1]
         agree.append(predicted == ref)
         cache = rollback(cache, width)  # forget the reference's continuation: free-run from the prompt
         lens = jnp.asarray([len(p) for p in rows], jnp.int32)
-        toks, _ = _decode_loop(params, top[:, width - 1], lens, cache, steps=n_tokens)
+        toks, _ = jit_decode_on_device(params, top[:, width - 1], lens, cache, steps=n_tokens)
         own.append(np.asarray(toks))
     agree, own = np.concatenate(agree), np.concatenate(own)
     same = own == reference

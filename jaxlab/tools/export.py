@@ -59,8 +59,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlab.engine.kvcache import KVCache, init_cache
-from jaxlab.engine.model import Params, forward
+from jaxlab.engine.kvcache import KVCache, init_cache, left_pad
+from jaxlab.engine.model import Params
+from jaxlab.engine.steps import greedy_step
 from jaxlab.errors import ConfigError, ModelFileError
 
 MAGIC = b"JAXLABX1"
@@ -74,6 +75,8 @@ __all__ = [
     "run_exported",
     "greedy_decode",
     "top_ops",
+    "weights_read",
+    "run_child",
     "ttft_in_fresh_process",
     "compile_in_fresh_process",
     "exported_in_fresh_process",
@@ -86,11 +89,10 @@ __all__ = [
 # --------------------------------------------------------------------------------------------------
 
 
-def decode_step(params: Params, tokens, positions, cache: KVCache):
-    """Greedy decode step: tokens, positions [B] -> (next tokens [B] int32, logits [B, V] f32, cache)."""
-    logits, cache = forward(params, tokens[:, None], positions[:, None], cache)
-    logits = logits[:, 0]
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32), logits, cache
+#: The greedy decode step, the one that is exported: tokens, positions [B] -> (next tokens [B] int32,
+#: logits [B, V] float32, cache). It is the engine's own (:func:`jaxlab.engine.steps.greedy_step`), a pure
+#: function of arrays, so an exported file runs exactly the step the library runs.
+decode_step = greedy_step
 
 
 def _flat_step(treedef):
@@ -195,13 +197,9 @@ def greedy_decode(
     Prompts are left-padded (padding has position -1). Returns (new tokens [B, max_new_tokens],
     logits of the last step [B, V]) as numpy arrays."""
     cfg = params.config
-    b, longest = len(prompts), max(len(p) for p in prompts)
+    tokens, positions = left_pad(prompts, cfg.pad_id)
+    b, longest = tokens.shape
     cache = init_cache(cfg, b, cache_len or longest + max_new_tokens, params.policy.jnp_dtype)
-    tokens = np.full((b, longest), cfg.pad_id, np.int32)
-    positions = np.full((b, longest), -1, np.int32)
-    for i, p in enumerate(prompts):
-        tokens[i, longest - len(p) :] = p
-        positions[i, longest - len(p) :] = np.arange(len(p))
     for c in range(longest):
         nxt, logits, cache = step(params, jnp.asarray(tokens[:, c]), jnp.asarray(positions[:, c]), cache)
     pos = np.array([len(p) for p in prompts], np.int32)
@@ -263,7 +261,7 @@ def load(path: str | os.PathLike) -> jax.export.Exported:
 _WEIGHT_OPERAND = re.compile(r"%params_0___(\w+?)___value")
 
 
-def _weights_read(hlo: str) -> dict[str, list[str]]:
+def weights_read(hlo: str) -> dict[str, list[str]]:
     """{HLO instruction name: the weights its operands name} from optimized HLO text.
 
     jax names a parameter after its pytree path, e.g. ``%params_0___layers___3___mlp____w_up___value``
@@ -293,7 +291,7 @@ def top_ops(trace_dir: str | os.PathLike, n: int = 10, hlo: str | None = None, b
         raise ModelFileError(f"no *.trace.json.gz under {trace_dir}: record one with jaxlab.tools.profile.trace")
     with gzip.open(files[-1]) as f:
         events = json.load(f).get("traceEvents", [])
-    reads = _weights_read(hlo) if hlo else {}
+    reads = weights_read(hlo) if hlo else {}
     total, calls = defaultdict(float), defaultdict(int)
     for e in events:
         op = e.get("args", {}).get("hlo_op") if e.get("ph") == "X" else None
@@ -357,7 +355,7 @@ def _child_env(cache_dir: str | os.PathLike | None) -> dict:
     return env
 
 
-def _run_child(command: str, args: dict, cache_dir=None, timeout: float = 300) -> dict:
+def run_child(command: str, args: dict, cache_dir=None, timeout: float = 300) -> dict:
     """Run ``python -m jaxlab.tools.export COMMAND ARGS`` in a fresh process; -> its JSON answer (last line),
     with ``note``: the label of its figures when it ran on another backend than this process (else None)."""
     from jaxlab.tools.hardware import figure_note
@@ -395,7 +393,7 @@ def ttft_in_fresh_process(
     ``platform`` / ``backend`` (where the child ran), ``note`` (e.g. "CPU figure: the TPU is held by this
     process" when that is not this process's backend, else None), ``text`` and ``process_s`` (wall time of
     the child, seen from here)."""
-    return _run_child(
+    return run_child(
         "ttft",
         {"prompt_ids": list(map(int, prompt_ids)), "max_new_tokens": max_new_tokens, "model": model},
         cache_dir,
@@ -408,7 +406,7 @@ def compile_in_fresh_process(
 ) -> dict:
     """Compile the jitted decode step (AOT) in a fresh process; -> ``compiles``, ``cache_hits``,
     ``compile_s``, ``cache_files`` (files in ``cache_dir`` afterwards), ``platform``."""
-    return _run_child("compile", {"model": model, "batch": batch, "cache_len": cache_len}, cache_dir, timeout)
+    return run_child("compile", {"model": model, "batch": batch, "cache_len": cache_len}, cache_dir, timeout)
 
 
 def exported_in_fresh_process(
@@ -429,7 +427,7 @@ def exported_in_fresh_process(
     ``cache_dir``, and one step), ``decode_s`` (then the whole greedy decoding), ``compiles``, ``cache_hits``."""
     with tempfile.TemporaryDirectory(prefix="jaxlab-export-") as tmp:
         out_file = Path(tmp) / "out.npz"
-        out = _run_child(
+        out = run_child(
             "run-exported",
             {
                 "path": str(path),

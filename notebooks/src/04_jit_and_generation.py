@@ -132,7 +132,8 @@ print(f"another prompt ({len(other['prompt_ids'])} tokens, same bucket): {again.
 #
 # The decode step is a pure function, `(params, token [B], pos [B], cache) -> (next token [B], cache)`:
 # it calls `jaxlab.forward` on `token[:, None]` at `pos[:, None]` with the cache and takes the argmax
-# of the logits. Its shapes never change, so it compiles once. The cache is *donated* to the jitted
+# of the logits. This stage runs the engine's own step (`jaxlab.engine.steps.decode_step`, greedy),
+# the one `jaxlab.Generator` runs. Its shapes never change, so it compiles once. The cache is *donated* to the jitted
 # step, so XLA updates it in place instead of copying 30 layers of keys and values each token. The
 # loop stays in Python and reads every token back to the host: a real chat needs that, to stream text
 # and to stop at the end-of-turn token.

@@ -60,8 +60,9 @@ _ = cache_structure(cache, cfg)
 #
 # **Prefill** runs the whole prompt through the model in one call and writes all its keys and values
 # into the cache. **Decode** then feeds one token at a time: its query attends to everything in the
-# cache, and its own K and V go into the next slot. Both are `jaxlab.forward` with a cache, jitted
-# with the cache *donated* (section 4).
+# cache, and its own K and V go into the next slot. Both are one function, the engine's model step
+# (`jaxlab.engine.steps.next_logits`: `jaxlab.forward` with a cache, returning the logits of the last
+# position), jitted with the cache *donated* (section 4); prefill gives it the prompt, decode one token.
 
 # %%
 golden = load_golden()
@@ -72,7 +73,7 @@ positions = jnp.arange(len(prompt))[None]  # [1, T]
 logits, cache = prefill(params, tokens, positions, cache)
 print(f"prompt: {row['prompt']!r} ({len(prompt)} tokens)")
 print("prefill logits", logits.shape, "| cache.index", int(cache.index), "| slots filled:", int((cache.pos >= 0).sum()))
-first = int(jnp.argmax(logits[0, -1]))
+first = int(jnp.argmax(logits[0]))  # logits of the prompt's last position: [1, V]
 step_logits, cache = decode_step(params, jnp.asarray([[first]]), jnp.asarray([[len(prompt)]]), cache)
 print("decode logits", step_logits.shape, "| cache.index", int(cache.index), "| slots filled:", int((cache.pos >= 0).sum()))
 jitted = all(hasattr(f, "lower") for f in (prefill, decode_step))  # jax.jit-wrapped: each traces to one program

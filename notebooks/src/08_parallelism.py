@@ -38,7 +38,7 @@ import os
 # 8 simulated CPU devices. XLA reads this flag once, when jax starts its CPU backend, so it must be set
 # before jax is imported (to change it, restart the kernel). On a GPU or TPU runtime it gives the host
 # CPU 8 devices beside the accelerators: with fewer accelerators than the meshes need (a free Colab TPU
-# is one chip), the meshes are built from those instead (sharding.mesh_devices says which, below).
+# is one chip), the meshes are built from those instead (mesh_devices says which, below).
 FLAG = "--xla_force_host_platform_device_count=8"
 if FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + FLAG).strip()
@@ -48,16 +48,19 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jaxlab
-from jaxlab.engine import distributed, sharding
+from jaxlab.engine import distributed, placement, sharding
+from jaxlab.engine.mesh import (CACHE_AXES, RULES, STRATEGIES, describe_mesh, fit_mesh, format_mesh, logical_to_spec,
+                                make_mesh, mesh_devices, mesh_shape, param_logical_axes, rules_for)
 from jaxlab.engine.kvcache import left_pad
 from jaxlab.engine.model import init_params
 from jaxlab.tools.reference import compare_logits, load_golden
+from jaxlab.lab import parallel
 from jaxlab.lab.notebook import setup, table, verdict, check
 
 setup()
 m = jaxlab.load()
 tiny = init_params(jaxlab.tiny(), 0)  # 3 layers, random weights: for demonstrations that need only shapes
-MESH = sharding.mesh_devices(min_devices=4)  # the devices every mesh below is built from
+MESH = mesh_devices(min_devices=4)  # the devices every mesh below is built from
 DEVICES, N = list(MESH.devices), MESH.count
 print(m)
 print(MESH.note)
@@ -67,18 +70,18 @@ print(MESH.note)
 #
 # A **mesh** arranges the devices in a grid and names its axes. Ours has two: `data` (rows of the
 # batch are split along it) and `model` (the model's heads and hidden units are split along it).
-# `sharding.fit_mesh` picks a shape from the devices there are, and never assumes 8. A 1 x 1 mesh
+# `fit_mesh` (in `jaxlab.engine.mesh`) picks a shape from the devices there are, and never assumes 8. A 1 x 1 mesh
 # would run all the code below but split nothing, and every claim about communication would be vacuous.
 # So with fewer than 4 accelerators (a free Colab TPU runtime is a single v5e chip),
-# `sharding.mesh_devices` builds the meshes from 8 simulated CPU devices instead and says so in the
+# `mesh_devices` builds the meshes from 8 simulated CPU devices instead and says so in the
 # first cell's output; the verdicts below are guarded on the number of devices actually used. For real
 # multi-chip runs, open this notebook on Kaggle with the **TPU v5e-8** accelerator (8 chips on one host),
 # or on a Cloud TPU VM (section 6 and the README's "More than one device").
 
 # %%
-print(sharding.describe_mesh(devices=DEVICES))
-mesh = sharding.make_mesh(sharding.fit_mesh("data+tensor", N), DEVICES)
-print("mesh", sharding.format_mesh(sharding.mesh_shape(mesh)), "| device ids:")
+print(describe_mesh(devices=DEVICES))
+mesh = make_mesh(fit_mesh("data+tensor", N), DEVICES)
+print("mesh", format_mesh(mesh_shape(mesh)), "| device ids:")
 print(np.vectorize(lambda d: d.id)(mesh.devices))
 
 # %% [markdown]
@@ -86,7 +89,7 @@ print(np.vectorize(lambda d: d.id)(mesh.devices))
 # says how to simulate more devices:
 
 # %% tags=["raises-exception", "nbval-ignore-output"]
-sharding.make_mesh({"data": N, "model": 2}, DEVICES)
+make_mesh({"data": N, "model": 2}, DEVICES)
 
 # %% [markdown]
 # A `NamedSharding(mesh, PartitionSpec(...))` says, for each dimension of an array, which mesh axis
@@ -155,8 +158,8 @@ lookup = jax.pmap(lambda e, t: jax.numpy.take(e, t, axis=0).sum(), in_axes=(None
 ids_per_device = np.ones((n, 4), np.int32)
 jax.block_until_ready(lookup(emb, ids_per_device))  # compile
 rows = []
-for label, e in [("on one device (copied every call)", emb), ("replicated once (sharding.replicate_for_pmap)",
-                                                               sharding.replicate_for_pmap(emb, DEVICES))]:
+for label, e in [("on one device (copied every call)", emb), ("replicated once (placement.replicate_for_pmap)",
+                                                               placement.replicate_for_pmap(emb, DEVICES))]:
     jax.block_until_ready(lookup(e, ids_per_device))
     t0 = time.perf_counter()
     jax.block_until_ready(lookup(e, ids_per_device))
@@ -181,7 +184,7 @@ _ = table(rows)
 # parallelism strategy is then nothing but a mapping from logical axes to mesh axes:
 
 # %%
-for name, rules in sharding.RULES.items():
+for name, rules in RULES.items():
     print(f"{name:12s}", rules)
 
 fmt = lambda spec: "P(" + ", ".join(map(str, spec)) + ")"  # noqa: E731
@@ -189,11 +192,11 @@ flat = m.params.flat()
 rows = []
 for name in ["embed", "layers.0.attn.wq", "layers.0.attn.wk", "layers.0.attn.wo", "layers.0.mlp.w_gate",
              "layers.0.mlp.w_down", "layers.0.attn_norm.weight"]:
-    axes = sharding.param_logical_axes(name)
+    axes = param_logical_axes(name)
     rows.append({"parameter": name, "shape": tuple(flat[name].shape), "logical axes": axes,
-                 **{s: fmt(sharding.logical_to_spec(axes, sharding.rules_for(s))) for s in sharding.RULES}})
-rows.append({"parameter": "cache K (per layer)", "shape": "[B, KVH, S, Hd]", "logical axes": sharding.CACHE_AXES["k"],
-             **{s: fmt(sharding.logical_to_spec(sharding.CACHE_AXES["k"], sharding.rules_for(s))) for s in sharding.RULES}})
+                 **{s: fmt(logical_to_spec(axes, rules_for(s))) for s in RULES}})
+rows.append({"parameter": "cache K (per layer)", "shape": "[B, KVH, S, Hd]", "logical axes": CACHE_AXES["k"],
+             **{s: fmt(logical_to_spec(CACHE_AXES["k"], rules_for(s))) for s in RULES}})
 _ = table(rows)
 
 # %% [markdown]
@@ -211,7 +214,7 @@ _ = table(rows)
 # exactly the model's own layout for one row).
 #
 # **Heads that do not divide.** SmolLM2 has 9 query heads in 3 groups sharing 3 KV heads. To split
-# heads over `model=4` or `8`, `sharding.pad_heads` appends zero KV heads, each with its group of 3 zero
+# heads over `model=4` or `8`, `placement.pad_heads` appends zero KV heads, each with its group of 3 zero
 # query heads (the group size must stay 3), and zero MLP units where needed. A zero query head
 # attends uniformly over zero values and its output meets zero rows of `wo`, so the function is
 # unchanged; the price is the padded work:
@@ -220,11 +223,11 @@ _ = table(rows)
 cfg = m.config
 rows = []
 for mdl in (1, 2, 3, 4, 8):
-    s = sharding.padded_sizes(cfg, mdl)
+    s = placement.padded_sizes(cfg, mdl)
     rows.append({"model": mdl, "KV heads": s["n_kv_heads"], "query heads": s["n_heads"], "MLP units": s["ffn_dim"],
                  "attention work wasted": f"{1 - cfg.n_heads / s['n_heads']:.0%}"})
 _ = table(rows)
-padded = sharding.pad_heads(tiny, 8)
+padded = placement.pad_heads(tiny, 8)
 _ = check("zero heads change nothing (tiny model, padded for model=8)",
           np.allclose(jax.jit(last_logits)(padded, tokens, positions), one_device, atol=1e-5),
           f"{tiny.config.n_kv_heads} -> {padded.config.n_kv_heads} KV heads")
@@ -242,11 +245,11 @@ _ = check("zero heads change nothing (tiny model, padded for model=8)",
 with jax.default_device(DEVICES[0]):  # the one-device reference, on the meshes' kind of device
     want = [r.generated_ids for r in jaxlab.Generator(tiny).generate(prompts8, 8, ignore_eos=True)]
 runs, rows = {}, []
-for strategy in sharding.STRATEGIES:
+for strategy in STRATEGIES:
     runs[strategy] = sm = sharding.shard(tiny, None, strategy, devices=DEVICES)  # None: a mesh fitted to the devices
     got = sm.generate(prompts8, 8, ignore_eos=True, prefill=False)
-    info = sm.decode_step_info(len(prompts8))  # the very program that just ran
-    rows.append({"strategy": strategy, "mesh": sharding.format_mesh(sm.shape), "tokens == one device": got == want,
+    info = parallel.decode_step_info(sm, len(prompts8))  # the very program that just ran
+    rows.append({"strategy": strategy, "mesh": format_mesh(sm.shape), "tokens == one device": got == want,
                  "all-reduces / step": info.collectives["all-reduce"],
                  "other collectives": info.total_collectives - info.collectives["all-reduce"],
                  "bytes all-reduced / step": info.total_bytes})
@@ -259,7 +262,7 @@ _ = table(rows, title=f"tiny model ({tiny.config.n_layers} layers), 8 prompts, 8
 # a device owns whole heads, and a head's softmax runs over its own scores.
 
 # %%
-tp = runs["tensor"].decode_step_info(len(prompts8))
+tp = parallel.decode_step_info(runs["tensor"], len(prompts8))
 per_layer = tp.collectives["all-reduce"] / tiny.config.n_layers
 if runs["tensor"].shape["model"] > 1:
     _ = verdict("softmax operations involve global reductions that require synchronization",
@@ -290,12 +293,12 @@ golden = load_golden()["prompts"][:2]
 real = sharding.shard(m.params, None, "data+tensor", devices=DEVICES)
 ids = real.generate([g["prompt_ids"] for g in golden], 8, ignore_eos=True, prefill=False)
 _ = check("real model on the 2-D mesh: golden greedy tokens", ids == [g["greedy_ids"][:8] for g in golden],
-          f"mesh {sharding.format_mesh(real.shape)}, {real.config.n_kv_heads} KV heads after padding")
+          f"mesh {format_mesh(real.shape)}, {real.config.n_kv_heads} KV heads after padding")
 for g, row in zip(golden, real.prompt_logits()):
     print(compare_logits(row, g["last_logits"])[1])
 for g, row in zip(golden, ids):
     print(repr(g["prompt"]), "->", repr(m.tokenizer.decode(row)))
-real_info = real.decode_step_info(2)
+real_info = parallel.decode_step_info(real, 2)
 print("decode step:", real_info.collectives["all-reduce"], "all-reduces for", cfg.n_layers, "layers,",
       f"{real_info.total_bytes:,} bytes per device")
 
@@ -303,21 +306,26 @@ print("decode step:", real_info.collectives["all-reduce"], "all-reduces for", cf
 # ## 4 · Tensor parallelism by hand: `shard_map`
 #
 # With `jit` we only said where the arrays live. `shard_map` is the other way round: we write the
-# program **one device** runs, on its local blocks, and say where the collectives go. The per-device
-# loop of `jaxlab.engine.sharding` (the model's own modules, built for the local sizes: 12/4 = 3 query
-# heads, 1 KV head, 1536/4 MLP units on `model=4`) is:
+# program **one device** runs, on its local blocks, and say where the collectives go. There is no
+# second copy of the model for it: the per-device program of `jaxlab.engine.sharding` is the model's
+# own `forward`, built for the local sizes (12/4 = 3 query heads, 1 KV head, 1536/4 MLP units on
+# `model=4`) and given one hook, `reduce`, which the model applies to the outputs of its two
+# row-parallel matmuls before they join the residual stream:
 #
 # ```python
-# for layer in model.layers:
-#     h, kv = layer.attn(layer.attn_norm(x), positions, cos, sin, key_positions, kv, index)
-#     x = x + jax.lax.psum(h, "model")                            # all-reduce 1: wo's partial sums
-#     x = x + jax.lax.psum(layer.mlp(layer.mlp_norm(x)), "model")  # all-reduce 2: w_down's
+# psum = functools.partial(jax.lax.psum, axis_name="model")
+# logits, cache = forward(local_params, tokens, positions, cache, reduce=psum)
+# # inside, for every layer:
+# #     x = x + reduce(attn(attn_norm(x)))   # all-reduce 1: wo's partial sums
+# #     x = x + reduce(mlp(mlp_norm(x)))     # all-reduce 2: w_down's
 # ```
 #
 # wrapped as `jax.jit(jax.shard_map(step, mesh=mesh, in_specs=..., out_specs=...))`, where the specs
-# are the same `PartitionSpec`s the rules give. Same tokens, same two all-reduces per layer (the
-# table above): `shard_map` is what you reach for when you want to *control* the communication
-# (overlap it with compute, use a different collective) rather than leave it to the partitioner.
+# are the same `PartitionSpec`s the rules give. Same tokens, same two all-reduces per layer (the table
+# above): `shard_map` is what you reach for when you want to *control* the communication (overlap it
+# with compute, use a different collective) rather than leave it to the partitioner. On one device
+# `reduce` is the identity; and since this is the model's one forward pass, quantized weights and the
+# int8 KV cache run sharded unchanged (the tests check both against one device).
 #
 # ## 5 · What communication costs
 #
@@ -327,10 +335,10 @@ print("decode step:", real_info.collectives["all-reduce"], "all-reduces for", cf
 
 # %%
 rows = []
-for strategy, shape in [("one device", {"data": 1, "model": 1}), ("data", sharding.fit_mesh("data")),
-                        ("tensor", sharding.fit_mesh("tensor")), ("data+tensor", sharding.fit_mesh("data+tensor"))]:
-    b = sharding.bytes_per_device(cfg, shape, "data" if strategy == "one device" else strategy, batch=8, cache_len=256)
-    rows.append({"strategy": strategy, "mesh": sharding.format_mesh(shape), "weights MB": b["weights"] / 1e6,
+for strategy, shape in [("one device", {"data": 1, "model": 1}), ("data", fit_mesh("data")),
+                        ("tensor", fit_mesh("tensor")), ("data+tensor", fit_mesh("data+tensor"))]:
+    b = parallel.bytes_per_device(cfg, shape, "data" if strategy == "one device" else strategy, batch=8, cache_len=256)
+    rows.append({"strategy": strategy, "mesh": format_mesh(shape), "weights MB": b["weights"] / 1e6,
                  "KV cache MB": b["kv_cache"] / 1e6, "all-reduced kB / step": b["all_reduce_per_step"] / 1e3})
 _ = table(rows, title="SmolLM2-135M, float32, batch 8, 256 cache slots, per device")
 
@@ -340,13 +348,13 @@ _ = table(rows, title="SmolLM2-135M, float32, batch 8, 256 cache slots, per devi
 # collective, and of one decode step under each strategy.
 
 # %% tags=["nbval-ignore-output"]
-ar = sharding.time_all_reduce(sharding.make_mesh({"data": 1, "model": N}, DEVICES), shape=(1, 1, cfg.dim))
+ar = parallel.time_all_reduce(make_mesh({"data": 1, "model": N}, DEVICES), shape=(1, 1, cfg.dim))
 rows = [{"what": f"one all-reduce of [1, 1, {cfg.dim}] float32 over model={N}", "median ms": 1e3 * float(np.median(ar))}]
 for strategy, sm in runs.items():
-    t = sm.time_decode_step(len(prompts8))
-    rows.append({"what": f"tiny decode step, {strategy} ({sharding.format_mesh(sm.shape)})", "median ms": 1e3 * float(np.median(t))})
-t = real.time_decode_step(2)
-rows.append({"what": f"SmolLM2 decode step, data+tensor ({sharding.format_mesh(real.shape)})", "median ms": 1e3 * float(np.median(t))})
+    t = parallel.time_decode_step(sm, len(prompts8))
+    rows.append({"what": f"tiny decode step, {strategy} ({format_mesh(sm.shape)})", "median ms": 1e3 * float(np.median(t))})
+t = parallel.time_decode_step(real, 2)
+rows.append({"what": f"SmolLM2 decode step, data+tensor ({format_mesh(real.shape)})", "median ms": 1e3 * float(np.median(t))})
 _ = table(rows, title=f"measured on {MESH.platform} ({N} devices{', simulated' if MESH.simulated and jax.default_backend() != 'cpu' else ''})")
 
 # %% [markdown]
@@ -449,7 +457,7 @@ _ = check("two processes generate what one process does", all(r["tokens"] == wan
 #
 # **1. Logical axes to a `PartitionSpec`.** Write `my_partition_spec(logical_axes, rules)`: each logical
 # axis becomes the mesh axis `rules` maps it to, or `None` when there is no rule (compare
-# `sharding.logical_to_spec`).
+# `logical_to_spec`).
 
 # %%
 def my_partition_spec(logical_axes, rules):

@@ -315,11 +315,11 @@ mem_table = table(mem, title="Bytes (weights: every parameter, scales included)"
 # carries two float32 numbers. The int8 KV cache keeps one float32 scale per stored vector beside the
 # int8 values.
 #
-# Now the decode step (`jaxlab.lab.stages.greedy_decode_step`, the cache donated as a server does, 256
-# slots), each variant compiled first and then timed side by side: int8 against float32 at batch 1
-# (latency), and at batch 32 (throughput) W8A8 weights with the int8 KV cache, whose attention also runs
-# as int8 matmuls (`jaxlab.engine.model._int8_bmm`). Compiling the 30-layer step takes seconds per variant, so
-# this notebook times only these four; the table below it comes from a longer run.
+# Now the decode step (the engine's `jaxlab.engine.steps.decode_step`, greedy, the cache donated as a
+# server does, 256 slots), each variant compiled first and then timed side by side: int8 against float32
+# at batch 1 (latency), and at batch 32 (throughput) W8A8 weights with the int8 KV cache, whose attention
+# also runs as int8 matmuls (`jaxlab.engine.model`). Compiling the 30-layer step takes seconds per
+# variant, so this notebook times only these four; the table below it comes from a longer run.
 
 # %% tags=["nbval-ignore-output"]
 speed = quantlab.decode_step_times({"float32": (m.params, jnp.float32), "int8": (int8, jnp.float32)}, batch=1)

@@ -56,7 +56,8 @@ print(m)
 #      propose the k tokens that followed them there. Free, and good when the answer copies from the
 #      prompt. When nothing recurs, the round is a plain one-token decode step ("no draft" below).
 #    - **draft model**: a smaller model. Ours is built from the model itself: its first L layers plus
-#      its final norm and output embedding (no training).
+#      its final norm and output embedding (no training): the model's own forward pass cut early,
+#      `jaxlab.forward(..., upto=L)`, on the same weights (nothing copied).
 # 2. **Verify**: one forward pass of the model on `[x, d1, ..., dk]` gives its own greedy choice after
 #    each prefix. Keep the drafts up to the first disagreement, then the model's own token there (a
 #    *correction*, or a *bonus* token when all k were right): 1 to k+1 tokens per call, each one the
@@ -260,8 +261,8 @@ def accept_always(p, q, drafts, key):  # a wrong rule: emits the draft's distrib
     return jnp.concatenate([drafts, bonus[..., None]], -1), jnp.ones(drafts.shape, bool)
 
 
-right = spec.first_token_frequencies(p, q, n=50_000)
-wrong = spec.first_token_frequencies(p, q, n=50_000, rule=accept_always)
+right = speculation.first_token_frequencies(p, q, n=50_000)
+wrong = speculation.first_token_frequencies(p, q, n=50_000, rule=accept_always)
 ok = check("the rejection rule emits p", np.abs(right - p).max() < 0.01, "50000 draws, every frequency within 0.01")
 ok = check("accepting every draft emits q instead", np.abs(wrong - q).max() < 0.01 and np.abs(wrong - p).max() > 0.1)
 

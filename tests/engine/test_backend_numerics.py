@@ -4,9 +4,7 @@ fake backends and fake measurements that must fail."""
 
 from __future__ import annotations
 
-import argparse
 import copy
-import io
 import json
 from types import SimpleNamespace
 
@@ -76,16 +74,19 @@ def test_auto_dtype_with_quant_is_float32():
     assert set(quant.COMPUTES_IN) == set(quant.FORMATS)
 
 
-def test_cli_auto_quant_on_an_accelerator_says_float32(monkeypatch):
+def test_cli_auto_quant_on_an_accelerator_says_float32(monkeypatch, capsys):
+    """--dtype auto with --quant loads float32 and says so in one line. Each command stops at a flag check
+    that comes after the dtype is resolved (the int8 cache with --speculative), before loading anything."""
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
-    err = io.StringIO()
-    args = argparse.Namespace(dtype="auto", quant="int8")
-    assert cli._resolve_dtype(args, err) == "float32" == args.dtype
-    assert "--quant int8 computes in float32" in err.getvalue() and "default bfloat16" in err.getvalue()
-    err = io.StringIO()
-    assert cli._resolve_dtype(argparse.Namespace(dtype="auto", quant=None), err) == "bfloat16"
-    assert err.getvalue() == ""
-    assert cli._resolve_dtype(argparse.Namespace(dtype="float32", quant="int8"), err) == "float32"
+    stop = ["--speculative", "ngram", "--kv-cache", "int8", "hi"]
+    assert cli.main(["generate", "--quant", "int8", *stop]) != 0
+    err = capsys.readouterr().err
+    assert "--quant int8 computes in float32" in err and "default bfloat16" in err
+    assert "loading float32 parameters" in err
+    assert cli.main(["generate", *stop]) != 0  # no --quant: bfloat16, the backend's default, and no such line
+    assert "computes in" not in capsys.readouterr().err
+    assert cli.main(["generate", "--dtype", "float32", "--quant", "int8", *stop]) != 0
+    assert "computes in" not in capsys.readouterr().err
 
 
 def test_cli_json_says_what_it_computes_in(capsys):

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 from jaxlab import InvalidRequestError, PromptTooLongError, tiny
-from jaxlab.engine.generate import Generator, decode_on_device
+from jaxlab.engine.generate import Generator, TextStops, jit_decode_on_device
 from jaxlab.engine.kvcache import init_cache
 from jaxlab.engine.model import forward, init_params
 from jaxlab.engine.plan import bucket
 from jaxlab.engine.sampling import Sampling, SamplingParams, filter_logits
+from jaxlab.engine.steps import GREEDY, jit_prefill
 from jaxlab.tools.profile import CompileCounter
 
 
@@ -87,7 +88,7 @@ def test_logprobs_are_log_softmax_of_the_model(tiny_params):
     ids = [5, 9, 11, 200]
     r = Generator(tiny_params).generate([ids], 5, ignore_eos=True, logprobs=True)[0]
     seq = ids + r.generated_ids
-    logits, _ = forward(tiny_params, jnp.asarray([seq]), jnp.arange(len(seq))[None])
+    logits, _ = jax.jit(forward)(tiny_params, jnp.asarray([seq]), jnp.arange(len(seq))[None])
     logp = jax.nn.log_softmax(logits[0], axis=-1)
     want = [float(logp[len(ids) - 1 + i, t]) for i, t in enumerate(r.generated_ids)]
     np.testing.assert_allclose(r.logprobs, want, atol=1e-5)
@@ -110,10 +111,20 @@ def test_decode_on_device_equals_host_loop(tiny_params):
     host = Generator(tiny_params).generate([ids], 9, ignore_eos=True)[0].generated_ids
     cfg = tiny_params.config
     cache = init_cache(cfg, 1, 32)
-    logits, cache = forward(tiny_params, jnp.asarray([ids]), jnp.arange(5)[None], cache, last_only=True)
-    first = jnp.argmax(logits[:, -1], axis=-1)
-    out, _ = jax.jit(decode_on_device, static_argnames=("steps",))(tiny_params, first, jnp.asarray([5]), cache, steps=9)
+    first, _, cache = jit_prefill(tiny_params, jnp.asarray([ids]), jnp.arange(5)[None], cache, None, GREEDY)
+    out, _ = jit_decode_on_device(tiny_params, first, jnp.asarray([5]), cache, steps=9)
     assert out[0].tolist() == host
+
+
+def test_text_stops_takes_runs_of_tokens():
+    """extend (a speculative round's run of tokens) stops a row where push would: EOS, then the length."""
+    rows = TextStops(3, None, eos_id=9, max_new_tokens=4)
+    assert rows.extend(0, [1, 2]) and not rows.extend(0, [3, 4, 5])
+    assert not rows.extend(1, [7, 9, 8]) and not rows.extend(1, [6])
+    assert rows.extend(2, []) and not rows.done
+    rows.push(2, 9)
+    assert rows.done and rows.ids == [[1, 2, 3, 4], [7], []] and rows.finish == ["length", "eos", "eos"]
+    assert [r.finish_reason for r in rows.results([[0]] * 3)] == ["length", "eos", "eos"]
 
 
 def test_sampling_reproducible_and_seed_dependent(tiny_params):

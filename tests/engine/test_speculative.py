@@ -11,10 +11,12 @@ from conftest import load_solution
 
 from jaxlab import tiny
 from jaxlab.engine import speculative as spec
+from jaxlab.engine import steps
 from jaxlab.engine.generate import Generator
 from jaxlab.engine.kvcache import init_cache, left_pad, rollback
 from jaxlab.engine.model import forward, param_shapes, params_from_flat
 from jaxlab.engine.sampling import SamplingParams
+from jaxlab.errors import InvalidRequestError
 from jaxlab.lab import speculation
 from jaxlab.lab.exercises import nb10
 from jaxlab.tools.profile import CompileCounter
@@ -100,6 +102,38 @@ def test_draft_params_is_the_first_layers(tiny_params):
         spec.draft_params(tiny_params, 4)
 
 
+def test_the_draft_runs_the_target_weights_cut_early(tiny_params):
+    """Method "draft" copies nothing: the target's own weights with forward(upto=L); its drafts are exactly
+    those of separate first-L-layer parameters (draft_params)."""
+    dec = spec.SpeculativeDecoder(tiny_params, method="draft", k=K, draft_layers=2)
+    assert dec.dparams is tiny_params and dec.draft_hooks == {"upto": 2}
+    copy = spec.draft_params(tiny_params, 2)
+    cfg = tiny_params.config
+    tokens, positions = left_pad(mixed_prompts(3, seed=7), cfg.pad_id, 32)
+    samp, key = SamplingParams().state(), jax.random.key(0)
+    x, dcache = dec.prefill(tokens, positions, 32, dec.init_caches(3, 64)[1], key, samp, draft=True)
+    pos = np.asarray([len(p) for p in mixed_prompts(3, seed=7)], np.int32)
+    drafts, _, _ = dec.draft(tokens[:, -1], x, pos, dcache, 31, key, samp)
+    c = init_cache(copy.config, 3, 64)
+    x2, _, c = steps.jit_prefill(copy, jnp.asarray(tokens), jnp.asarray(positions), c, key, samp)
+    want, _, _ = steps.jit_draft(
+        copy, jnp.asarray(tokens[:, -1]), x2, jnp.asarray(pos), c, jnp.int32(31), key, samp, k=K
+    )
+    np.testing.assert_array_equal(np.asarray(drafts), np.asarray(want))
+    with pytest.raises(InvalidRequestError, match="draft layers"):
+        spec.SpeculativeDecoder(tiny_params, method="draft", draft_layers=4)
+
+
+def test_bfloat16_draft_is_still_exact(tiny_params, plain):
+    """A draft dtype makes a cast copy of the first layers; the output is still plain greedy's."""
+    dec = spec.SpeculativeDecoder(tiny_params, method="draft", k=K, draft_layers=1, draft_dtype="bfloat16")
+    assert dec.dparams.policy.dtype == "bfloat16" and dec.dparams.config.n_layers == 1
+    prompts = mixed_prompts(3, seed=8)
+    res = dec.generate(prompts, 16)
+    assert [r.generated_ids for r in res] == [r.generated_ids for r in plain.generate(prompts, 16, ignore_eos=True)]
+    assert sum(r.proposed for r in res) > 0
+
+
 def test_draft_of_quantized_params(tiny_params):
     """Quantized weights (jaxlab.quant): the draft reuses the same quantized matrices; its tokens are
     still exactly plain greedy's with those weights."""
@@ -174,6 +208,43 @@ def test_eos_stops_each_row(tiny_params, plain):
     assert [r.generated_ids for r in got] == [r.generated_ids for r in want]
     assert [r.finish_reason for r in got] == [r.finish_reason for r in want] == ["eos"] * 4
     assert [len(r.generated_ids) for r in got] == [0, 3, 5, 13]
+
+
+class Letters:
+    """A tokenizer whose every token is one letter, and its stream decoder: enough for stop strings."""
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(chr(97 + i % 26) for i in ids)
+
+
+class LetterStream:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def push(self, token):
+        return self.tokenizer.decode([token])
+
+    def flush(self):
+        return ""
+
+
+def test_stop_strings_and_streaming_as_the_generator(tiny_params, plain, monkeypatch):
+    """The host bookkeeping is the Generator's own (TextStops): the same cut, text and stream."""
+    import jaxlab.io.tokenizer as tokmod
+
+    monkeypatch.setattr(tokmod, "StreamDecoder", LetterStream)
+    gen = Generator(tiny_params, Letters())
+    gen.programs = plain.programs  # the same shapes: reuse the compiled programs
+    prompt = mixed_prompts(2)[1]
+    free = gen.generate([prompt], 24, ignore_eos=True)[0].text
+    stop = free[9:11]
+    want = gen.generate([prompt], 24, ignore_eos=True, stop=[stop])[0]
+    pieces = []
+    dec = spec.SpeculativeDecoder(tiny_params, Letters(), k=K)
+    got = dec.generate([prompt], 24, stop=[stop], on_text=lambda i, piece: pieces.append(piece))[0]
+    assert got.finish_reason == want.finish_reason == "stop"
+    assert got.text == want.text == free[: free.index(stop)] and "".join(pieces) == got.text
+    assert got.generated_ids == want.generated_ids
 
 
 # --------------------------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from jaxlab.engine import loading
@@ -33,9 +35,11 @@ def test_damaged_cached_copy_is_replaced(cache):
 
 
 def test_missing_wheel_says_how_to_fetch(cache, monkeypatch):
-    monkeypatch.setattr(assets, "_installed_file", lambda asset: None)
-    with pytest.raises(AssetError, match="jaxlab fetch"):
-        assets.model_path()
+    # an embedded model whose wheel is not installed (nor cached): the embedded model under another package name
+    ghost = dataclasses.replace(assets.SMOLLM2_135M, package="jaxlab-test-not-installed")
+    monkeypatch.setitem(assets.EMBEDDED, "ghost", ghost)
+    with pytest.raises(AssetError, match="ghost is not installed: run `jaxlab fetch`.*jaxlab-test-not-installed=="):
+        assets.model_path("ghost")
 
 
 def test_unknown_model_name(cache):

@@ -98,7 +98,7 @@ def test_kv_cache_bytes():
 
 def test_perplexity_equals_a_direct_forward(params):
     t = WINDOWS.shape[1]
-    logits, _ = forward(params, jnp.asarray(WINDOWS), jnp.broadcast_to(jnp.arange(t), WINDOWS.shape))
+    logits, _ = jax.jit(forward)(params, jnp.asarray(WINDOWS), jnp.broadcast_to(jnp.arange(t), WINDOWS.shape))
     logp = np.asarray(jax.nn.log_softmax(logits[:, :-1], axis=-1))
     nll = -np.take_along_axis(logp, WINDOWS[:, 1:, None], axis=-1).mean()
     # batch 2 over 3 windows: the last batch is a single window, so the sums must combine across batches
@@ -215,12 +215,36 @@ def test_eval_text_token_count(smollm):
 # --------------------------------------------------------------------------------------------------
 
 
+#: canonical name (the part after "layers.N.") -> (Hugging Face name after "model.layers.N.", stored transposed)
+HF_LAYER_NAMES = {
+    "attn_norm.weight": ("input_layernorm.weight", False),
+    "attn.wq": ("self_attn.q_proj.weight", True),
+    "attn.wk": ("self_attn.k_proj.weight", True),
+    "attn.wv": ("self_attn.v_proj.weight", True),
+    "attn.wo": ("self_attn.o_proj.weight", True),
+    "mlp_norm.weight": ("post_attention_layernorm.weight", False),
+    "mlp.w_gate": ("mlp.gate_proj.weight", True),
+    "mlp.w_up": ("mlp.up_proj.weight", True),
+    "mlp.w_down": ("mlp.down_proj.weight", True),
+}
+
+
+def hf_tensors(flat: dict) -> dict[str, np.ndarray]:
+    """Canonical parameters -> the tensors of a Hugging Face Llama checkpoint (tied embeddings), written out
+    here from the format rather than taken from the loader, so the loader is checked against it."""
+    out = {"model.embed_tokens.weight": flat["embed"], "model.norm.weight": flat["norm.weight"]}
+    for name, a in flat.items():
+        if name.startswith("layers."):
+            _, i, rest = name.split(".", 2)
+            hf_name, transposed = HF_LAYER_NAMES[rest]
+            out[f"model.layers.{i}.{hf_name}"] = a.T if transposed else a
+    return {k: np.ascontiguousarray(np.asarray(v)) for k, v in out.items()}
+
+
 def write_tiny_checkpoint(folder: Path, tokenizer) -> None:
     """A random Llama in Hugging Face layout (config.json + model.safetensors + tokenizer files), small
     enough to evaluate in seconds; its vocabulary is the real tokenizer's, so the real prompts fit."""
     from safetensors.numpy import save_file
-
-    from jaxlab.io.hf import _mapping
 
     hf = dict(
         architectures=["LlamaForCausalLM"],
@@ -243,12 +267,7 @@ def write_tiny_checkpoint(folder: Path, tokenizer) -> None:
     from jaxlab.io.hf import hf_config
 
     cfg = hf_config(folder)
-    params = init_params(cfg, 3).flat()
-    tensors = {
-        hf_name: np.ascontiguousarray(np.asarray(params[name]).T if t else np.asarray(params[name]))
-        for hf_name, name, t in _mapping(cfg)
-    }
-    save_file(tensors, str(folder / "model.safetensors"))
+    save_file(hf_tensors(init_params(cfg, 3).flat()), str(folder / "model.safetensors"))
     tokenizer.backend.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(
         json.dumps(

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import hf_llama_tensors
 
 from jaxlab import quant
 from jaxlab.cli import main
@@ -72,8 +73,9 @@ def test_quantized_once_then_read_from_the_cache(cache, monkeypatch):
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4", "w8a8"])
-def test_cached_model_computes_what_the_fresh_one_does(cache, fmt):
-    """The file holds everything the quantized model computes with (scales, offsets, smoothing factors)."""
+def test_cached_model_computes_what_the_fresh_one_does(cache, capsys, fmt):
+    """The file holds everything the quantized model computes with (scales, offsets, smoothing factors); and
+    quantizing shows no progress bar unless asked (``test_progress_bar_when_asked``)."""
     import jax
     import jax.numpy as jnp
 
@@ -85,6 +87,7 @@ def test_cached_model_computes_what_the_fresh_one_does(cache, fmt):
     quant_file(fmt).unlink(missing_ok=True)
     fresh, _, _ = loading.load_params(quant=fmt)
     assert quant_file(fmt).exists()
+    assert "quantizing" not in capsys.readouterr().err
     cached, _, _ = loading.load_params(quant=fmt)
     np.testing.assert_array_equal(np.asarray(logits(cached)), np.asarray(logits(fresh)))
 
@@ -141,12 +144,9 @@ def test_group_size_must_divide_the_matrices(cache):
 
 
 def test_progress_bar_when_asked(cache, capsys):
-    quant_file("w8a8").unlink(missing_ok=True)
-    loading.load_params(quant="w8a8")
-    assert "quantizing" not in capsys.readouterr().err
-    quant_file("w8a8").unlink()
-    loading.load_params(quant="w8a8", progress=True)
-    assert "quantizing to w8a8" in capsys.readouterr().err
+    quant_file("int8").unlink(missing_ok=True)
+    loading.load_params(quant="int8", progress=True)
+    assert "quantizing to int8" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------------------------------
@@ -171,20 +171,9 @@ HF_CONFIG = dict(
 def write_checkpoint(folder, seed):
     from safetensors.numpy import save_file
 
-    from jaxlab.engine.config import from_hf_config
-    from jaxlab.engine.model import param_shapes
-    from jaxlab.io.hf import _mapping
-
     folder.mkdir(exist_ok=True)
     (folder / "config.json").write_text(json.dumps(HF_CONFIG))
-    cfg = from_hf_config(HF_CONFIG)
-    shapes = param_shapes(cfg)
-    rng = np.random.default_rng(seed)
-    tensors = {}
-    for hname, cname, transpose in _mapping(cfg):
-        shape = shapes[cname][::-1] if transpose else shapes[cname]
-        tensors[hname] = (rng.standard_normal(shape) * 0.1).astype(np.float32)
-    save_file(tensors, str(folder / "model.safetensors"))
+    save_file(hf_llama_tensors(HF_CONFIG, np.random.default_rng(seed)), str(folder / "model.safetensors"))
 
 
 def test_hf_folder_quantized_once_and_rebuilt_when_it_changes(tmp_path, monkeypatch):

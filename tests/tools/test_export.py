@@ -44,8 +44,13 @@ def native(tiny):
 
 
 @pytest.fixture(scope="module")
-def exported_file(tiny, tmp_path_factory, serializable):
-    exported = export.export_decode_step(tiny, batch=len(PROMPTS), cache_len=CACHE)
+def exported(tiny):
+    """The step exported for the test prompts' batch: exported once, its compiled call shared by the tests."""
+    return export.export_decode_step(tiny, batch=len(PROMPTS), cache_len=CACHE)
+
+
+@pytest.fixture(scope="module")
+def exported_file(exported, tmp_path_factory, serializable):
     return export.save(exported, tmp_path_factory.mktemp("export") / "tiny_step.jaxexport")
 
 
@@ -62,8 +67,7 @@ def test_greedy_decode_with_the_native_step_matches_the_generator(tiny, native):
     assert len(set(tokens[0].tolist())) > 1, "weights too small: the tokens do not vary"
 
 
-def test_exported_step_in_process_equals_the_jitted_step(tiny, native):
-    exported = export.export_decode_step(tiny, batch=len(PROMPTS), cache_len=CACHE)
+def test_exported_step_in_process_equals_the_jitted_step(tiny, native, exported):
     assert exported.platforms == (jax.default_backend(),)
     tokens, logits = export.greedy_decode(lambda *a: export.run_exported(exported, *a), tiny, PROMPTS, NEW, CACHE)
     np.testing.assert_array_equal(tokens, native[0])
@@ -88,17 +92,17 @@ def test_multi_platform_export_runs_here(tiny, native, serializable):
     np.testing.assert_array_equal(tokens, native[0])
 
 
-def test_run_exported_names_the_argument_that_does_not_fit(tiny):
-    exported = export.export_decode_step(tiny, batch=2, cache_len=CACHE)
+def test_run_exported_names_the_argument_that_does_not_fit(tiny, exported):
     tok = jnp.zeros((2,), jnp.int32)
     with pytest.raises(ConfigError, match="cache.k\\[0\\].*export it again"):
         export.run_exported(exported, tiny, tok, tok, init_cache(tiny.config, 2, CACHE + 1))
     with pytest.raises(ConfigError, match="tokens"):
         one = jnp.zeros((1,), jnp.int32)
         export.run_exported(exported, tiny, one, one, init_cache(tiny.config, 2, CACHE))
-    from jaxlab.engine.model import init_params
+    from jaxlab.engine.model import param_shapes, params_from_flat
 
-    shallower = init_params(tiny.config.replace(n_layers=2))
+    cfg = tiny.config.replace(n_layers=2)  # zeros from NumPy: only the tree's size matters here
+    shallower = params_from_flat(cfg, {n: np.zeros(s, np.float32) for n, s in param_shapes(cfg).items()})
     with pytest.raises(ConfigError, match="another model config"):
         export.run_exported(exported, shallower, tok, tok, init_cache(shallower.config, 2, CACHE))
 
@@ -190,7 +194,7 @@ def test_child_on_a_platform_the_file_was_not_lowered_for_says_so(tiny, tmp_path
 
 def test_child_process_failure_is_reported():
     with pytest.raises(RuntimeError, match="unknown command"):
-        export._run_child("no-such-command", {}, None)
+        export.run_child("no-such-command", {}, None)
 
 
 # ------------------------------------------------------------------------------ trace reading
@@ -228,7 +232,7 @@ def test_weight_names_from_hlo_parameter_names():
         "  ROOT %fusion.2 = f32[1,1,40]{2,1,0} fusion(%params_0___embed___value, %tok), kind=kLoop\n"
         "  %add.1 = f32[4]{0} add(%a, %b)\n"
     )
-    assert export._weights_read(hlo) == {"dot.7": ["layers.3.mlp.w_up"], "fusion.2": ["embed"]}
+    assert export.weights_read(hlo) == {"dot.7": ["layers.3.mlp.w_up"], "fusion.2": ["embed"]}
 
 
 # ------------------------------------------------------------------------------ exercises

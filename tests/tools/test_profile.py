@@ -164,13 +164,32 @@ def test_cost_analysis_matmul_flops():
     assert c2["flops"] == c["flops"]
 
 
-def test_cost_dict_formats():
-    assert prof._cost_dict(None) == {}
-    assert prof._cost_dict({"flops": 3.0}) == {"flops": 3.0}
-    assert prof._cost_dict([{"flops": 3.0}, {"flops": 1.0, "bytes accessed": 2.0}]) == {
-        "flops": 4.0,
-        "bytes accessed": 2.0,
-    }
+class _Compiled:
+    """What ``lower(...).compile()`` returns, reporting a given ``cost_analysis()``."""
+
+    def __init__(self, raw):
+        self.raw = raw
+
+    def lower(self, *args, **kwargs):
+        return self
+
+    def compile(self):
+        return self
+
+    def cost_analysis(self):
+        return self.raw
+
+    def memory_analysis(self):
+        return None
+
+
+def test_cost_analysis_reads_every_format_of_the_backends_answer():
+    """A dict (current jax), a list of dicts, one per device program (older jax: summed), or None."""
+    assert prof.cost_analysis(_Compiled(None))["raw"] == {}
+    assert prof.cost_analysis(_Compiled({"flops": 3.0}))["flops"] == 3.0
+    summed = prof.cost_analysis(_Compiled([{"flops": 3.0}, {"flops": 1.0, "bytes accessed": 2.0}]))
+    assert summed["raw"] == {"flops": 4.0, "bytes accessed": 2.0}
+    assert (summed["flops"], summed["bytes_accessed"], summed["transcendentals"]) == (4.0, 2.0, None)
 
 
 # ------------------------------------------------------------------------------------------ memory

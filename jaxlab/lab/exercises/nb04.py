@@ -35,33 +35,20 @@ def check_pad_to_bucket(fn, trials: int = 8) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def _tiny_params():
-    from jaxlab.engine.config import tiny
-    from jaxlab.engine.model import param_shapes, params_from_flat
+    # random weights large enough that greedy tokens vary from step to step instead of repeating one id
+    from jaxlab.tools.export import tiny_params
 
-    # Random weights drawn with numpy (no per-op compiles), large enough that greedy tokens vary from
-    # step to step instead of repeating one id.
-    cfg, rng = tiny(), np.random.default_rng(0)
-    flat = {
-        name: (rng.normal(0.0, 0.2, shape) if len(shape) > 1 else 1.0 + rng.normal(0.0, 0.1, shape)).astype(np.float32)
-        for name, shape in param_shapes(cfg).items()
-    }
-    return params_from_flat(cfg, flat)
+    return tiny_params()
 
 
 BATCH, PROMPT_COLUMNS = 3, 8  # fixed shapes, so each step function compiles once for all trials
 
 
-@functools.lru_cache(maxsize=1)
-def _jit_prefill():
-    from jaxlab.lab.stages import _prefill_greedy
-
-    return jax.jit(_prefill_greedy)
-
-
 def _prefilled(rng):
-    """(params, first token [B], next positions [B], cache) after prefilling a ragged, left-padded batch."""
-    from jaxlab.engine.kvcache import init_cache
-    from jaxlab.lab.stages import left_pad
+    """(params, first token [B], next positions [B], cache) after prefilling a ragged, left-padded batch
+    with the engine's prefill step (greedy)."""
+    from jaxlab.engine.kvcache import init_cache, left_pad
+    from jaxlab.engine.steps import GREEDY, jit_prefill
 
     params = _tiny_params()
     cfg = params.config
@@ -70,7 +57,7 @@ def _prefilled(rng):
     ]
     tokens, positions = left_pad(prompts, cfg.pad_id, PROMPT_COLUMNS)
     cache = init_cache(cfg, BATCH, PROMPT_COLUMNS + ROLL_STEPS)
-    first, cache = _jit_prefill()(params, jnp.asarray(tokens), jnp.asarray(positions), cache)
+    first, _, cache = jit_prefill(params, jnp.asarray(tokens), jnp.asarray(positions), cache, None, GREEDY)
     return params, first, jnp.asarray([len(p) for p in prompts], jnp.int32), cache
 
 

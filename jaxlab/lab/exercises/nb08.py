@@ -2,7 +2,7 @@
 and padding attention heads.
 
 * :func:`check_partition_spec` compares ``fn(logical_axes, rules) -> PartitionSpec`` with
-  :func:`jaxlab.engine.sharding.logical_to_spec` on a fixed list of cases (trailing ``None`` entries do not matter).
+  :func:`jaxlab.engine.mesh.logical_to_spec` on a fixed list of cases (trailing ``None`` entries do not matter).
 * :func:`check_tp_mlp_partials` compares ``fn(x, w_gate, w_up, w_down, n) -> [n, T, D]`` (what each of ``n``
   devices holds before the all-reduce, when the MLP's hidden units are split into ``n`` contiguous blocks)
   with :func:`tp_mlp_partials`; their sum is the whole SwiGLU MLP.
@@ -38,7 +38,7 @@ PARTITION_CASES = (
 
 def check_partition_spec(fn) -> bool:
     """``fn(logical_axes, rules)``: each logical axis becomes ``rules.get(axis)`` (a mesh axis, or None)."""
-    from jaxlab.engine.sharding import logical_to_spec
+    from jaxlab.engine.mesh import logical_to_spec
 
     name = "logical axes -> PartitionSpec"
     for i, (axes, rules) in enumerate(PARTITION_CASES):

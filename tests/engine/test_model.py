@@ -1,0 +1,98 @@
+"""The hooks of the one forward pass: ``upto=L`` (the model cut after L layers) and ``reduce`` (what joins
+the row-parallel matmuls' outputs: the identity on one device, ``psum`` in a tensor-parallel shard)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxlab
+from jaxlab.engine.kvcache import init_cache, left_pad
+from jaxlab.engine.model import forward, init_params, params_from_flat
+from jaxlab.errors import ConfigError
+
+PROMPTS = [[1, 5, 7, 9, 11], [1, 20, 30], [1, 40, 41, 42, 43, 44, 45]]
+
+jit_forward = jax.jit(forward, static_argnames=("last_only", "upto", "reduce"))
+
+
+@pytest.fixture(scope="module")
+def params():
+    return init_params(jaxlab.tiny(), 0)
+
+
+@pytest.fixture(scope="module")
+def batch():
+    tokens, positions = left_pad(PROMPTS, 2)
+    return jnp.asarray(tokens), jnp.asarray(positions)
+
+
+def first_layers(params, n: int):
+    """The first ``n`` blocks of ``params`` as a model of their own (with the same norm and head)."""
+    cfg = params.config
+    flat = {k: v for k, v in params.flat().items() if not k.startswith("layers.") or int(k.split(".")[1]) < n}
+    return params_from_flat(cfg.replace(n_layers=n), flat, params.policy)
+
+
+def test_upto_all_layers_is_the_full_forward(params, batch):
+    full = jit_forward(params, *batch)[0]
+    np.testing.assert_array_equal(jit_forward(params, *batch, upto=params.config.n_layers)[0], full)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_upto_l_is_the_model_cut_after_l_layers(params, batch, n):
+    # the early-exit probe's reading: layer L's output through the final norm and the output head
+    want = jit_forward(first_layers(params, n), *batch)[0]
+    got = jit_forward(params, *batch, upto=n)[0]
+    np.testing.assert_array_equal(got, want)
+    assert not np.allclose(got, jit_forward(params, *batch)[0])  # and it is not the full model
+
+
+def test_upto_a_tuple_reads_every_exit_in_one_pass(params, batch):
+    cfg = params.config
+    exits, _ = jit_forward(params, *batch, upto=(1, 2, cfg.n_layers))
+    assert len(exits) == 3
+    for n, got in zip((1, 2, cfg.n_layers), exits):
+        np.testing.assert_array_equal(got, jit_forward(params, *batch, upto=n)[0])
+    last = jit_forward(params, *batch, upto=(2,), last_only=True)[0]
+    assert len(last) == 1 and last[0].shape == (len(PROMPTS), 1, cfg.vocab_size)
+
+
+def test_upto_with_its_own_cache_equals_the_uncached_pass(params, batch):
+    cfg, n = params.config, 2
+    tokens, positions = batch
+    cache = init_cache(cfg.replace(n_layers=n), tokens.shape[0], 16)
+    logits, cache = jit_forward(params, tokens[:, :-1], positions[:, :-1], cache, upto=n)
+    assert len(cache.k) == n and int(cache.index) == tokens.shape[1] - 1
+    last, _ = jit_forward(params, tokens[:, -1:], positions[:, -1:], cache, upto=n)
+    want = jit_forward(params, tokens, positions, upto=n)[0]
+    real = np.asarray(positions) >= 0  # a padding query sees no key: its row is arbitrary
+    got = np.concatenate([logits, last], axis=1)
+    np.testing.assert_allclose(got[real], np.asarray(want)[real], atol=1e-5, rtol=1e-5)
+
+
+def test_upto_checks_its_layers_and_the_cache_depth(params, batch):
+    cfg = params.config
+    for bad in (0, cfg.n_layers + 1, True, (2, 1), (1, 1), (), (1, cfg.n_layers + 1)):
+        with pytest.raises(ConfigError, match="upto"):
+            forward(params, *batch, upto=bad)
+    with pytest.raises(ConfigError, match="holds 3 layers but the pass runs 2"):
+        forward(params, *batch, init_cache(cfg, 3, 16), upto=2)
+
+
+def test_reduce_identity_is_the_default_and_runs_after_each_row_parallel_matmul(params, batch):
+    full = jit_forward(params, *batch)[0]
+    np.testing.assert_array_equal(jit_forward(params, *batch, reduce=lambda x: x)[0], full)
+    seen = []
+
+    def spy(x):
+        seen.append(x.shape)
+        return x
+
+    jax.eval_shape(lambda: forward(params, *batch, reduce=spy))  # tracing calls it as running would
+    b, t = batch[0].shape
+    assert seen == [(b, t, params.config.dim)] * (2 * params.config.n_layers)  # wo and w_down, every layer
+    # and it joins the residual stream: doubling what it returns changes the logits
+    assert not np.allclose(jit_forward(params, *batch, reduce=lambda x: 2 * x)[0], full)
