@@ -162,6 +162,15 @@ class TextStops:
         return out
 
 
+def start_request(
+    cfg, prompts: Sequence[Sequence[int]], max_new_tokens: int, tokenizer=None, **options
+) -> tuple[list[list[int]], TextStops]:
+    """The start every loop shares: the request checked (:func:`~jaxlab.engine.plan.check_request`) and its
+    bookkeeping opened. ``options``: ``ignore_eos``, ``stop``, ``on_text``, ``logprobs`` of :class:`TextStops`."""
+    prompts = check_request(cfg, prompts, max_new_tokens)
+    return prompts, TextStops(len(prompts), tokenizer, cfg.eos_id, max_new_tokens, **options)
+
+
 class Generator:
     """Compiles and runs prefill and decode for one set of parameters.
 
@@ -231,12 +240,11 @@ class Generator:
         new tokens instead of ``max_new_tokens`` (warm-up compiles the programs of a longer run)."""
         sampling = sampling or SamplingParams()
         cfg = self.config
-        prompts = check_request(cfg, prompts, max_new_tokens)
-        rows = TextStops(
-            len(prompts),
-            self.tokenizer,
-            cfg.eos_id,
+        prompts, rows = start_request(
+            cfg,
+            prompts,
             max_new_tokens,
+            self.tokenizer,
             ignore_eos=ignore_eos,
             stop=stop,
             on_text=on_text,

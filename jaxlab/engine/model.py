@@ -155,18 +155,21 @@ def default_policy(dtype: str = "float32", backend: str | None = None) -> Policy
 # --------------------------------------------------------------------------------------------------
 
 
-def _dense(x: Array, kernel: Array | QuantizedMatrix, policy: Policy) -> Array:
-    # [..., I] x [I, O] -> [..., O] float32: the inputs in the policy's dtype, the sums and the output in float32
-    if not isinstance(kernel, jax.Array):  # the quantization hook: a jaxlab.quant.QuantizedMatrix
-        return kernel.dot(x).astype(jnp.float32)
+def _matmul(spec: str, a: Array, b: Array, policy: Policy) -> Array:
+    """``einsum(spec, a, b)`` as every float matmul of the model runs: the inputs in the policy's dtype, at its
+    precision, the sums and the output in float32 (under bfloat16, 8-bit scores or logits would turn
+    near-ties into coin flips)."""
     dt = policy.jnp_dtype
     return jnp.einsum(
-        "...i,io->...o",
-        x.astype(dt),
-        kernel.astype(dt),
-        precision=policy.lax_precision,
-        preferred_element_type=jnp.float32,
+        spec, a.astype(dt), b.astype(dt), precision=policy.lax_precision, preferred_element_type=jnp.float32
     )
+
+
+def _dense(x: Array, kernel: Array | QuantizedMatrix, policy: Policy) -> Array:
+    # [..., I] x [I, O] -> [..., O] float32
+    if not isinstance(kernel, jax.Array):  # the quantization hook: a jaxlab.quant.QuantizedMatrix
+        return kernel.dot(x).astype(jnp.float32)
+    return _matmul("...i,io->...o", x, kernel, policy)
 
 
 class RMSNorm(nnx.Module):
@@ -267,14 +270,7 @@ class Attention(nnx.Module):
         if k_scale is not None:
             scores = _int8_bmm(q, k, 2) * k_scale[:, None, :]
         else:
-            # float32 out: under bfloat16 the scores would otherwise be rounded to 8 bits before the softmax
-            scores = jnp.einsum(
-                "nqd,nsd->nqs",
-                q.astype(pol.jnp_dtype),
-                k.astype(pol.jnp_dtype),
-                precision=pol.lax_precision,
-                preferred_element_type=jnp.float32,
-            )
+            scores = _matmul("nqd,nsd->nqs", q, k, pol)
         s_len = scores.shape[-1]
         scores = scores.astype(jnp.float32).reshape(b, cfg.n_kv_heads, cfg.q_per_kv, t, s_len) * (cfg.head_dim**-0.5)
         visible = (key_positions[:, None, :] >= 0) & (key_positions[:, None, :] <= positions[:, :, None])
@@ -283,13 +279,7 @@ class Attention(nnx.Module):
         if v_scale is not None:  # fold each value vector's scale into its attention weight
             out = _int8_bmm(probs * v_scale[:, None, :], v, 2)  # [B*KVH, G*T, Hd]
         else:
-            out = jnp.einsum(
-                "nqs,nds->nqd",
-                probs.astype(pol.jnp_dtype),
-                v.astype(pol.jnp_dtype),
-                precision=pol.lax_precision,
-                preferred_element_type=jnp.float32,
-            )
+            out = _matmul("nqs,nds->nqd", probs, v, pol)
         out = out.reshape(b, cfg.n_kv_heads, cfg.q_per_kv, t, cfg.head_dim).transpose(0, 3, 1, 2, 4)
         out = out.reshape(b, t, cfg.n_heads * cfg.head_dim).astype(x.dtype)
         return _dense(out, self.wo.get_value(), pol), new_kv
@@ -416,7 +406,6 @@ class Llama(nnx.Module):
         if last_only:
             x = x[:, -1:]
         x = self.norm(x)
-        dt = self.policy.jnp_dtype
         embed = self.embed.get_value()
         if self.cfg.tie_embeddings:
             # contract over the embedding's own minor axis: writing embed.T here made XLA transpose
@@ -424,14 +413,7 @@ class Llama(nnx.Module):
             if not isinstance(embed, jax.Array):
                 logits = embed.dot(x)
             else:
-                # float32 out: bfloat16 logits (8 bits) would turn near-ties at the argmax into coin flips
-                logits = jnp.einsum(
-                    "btd,vd->btv",
-                    x.astype(dt),
-                    embed.astype(dt),
-                    precision=self.policy.lax_precision,
-                    preferred_element_type=jnp.float32,
-                )
+                logits = _matmul("btd,vd->btv", x, embed, self.policy)
         else:
             logits = _dense(x, self.lm_head.get_value(), self.policy)
         return logits.astype(jnp.float32)

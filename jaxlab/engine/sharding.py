@@ -50,7 +50,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxlab.engine.generate import GenerationResult, TextStops
+from jaxlab.engine.generate import GenerationResult, start_request
 from jaxlab.engine.kvcache import KVCache, init_cache, left_pad
 from jaxlab.engine.mesh import (
     ROW_AXES,
@@ -77,7 +77,7 @@ from jaxlab.engine.placement import (
     split_heads,
     to_host,
 )
-from jaxlab.engine.plan import check_request, plan
+from jaxlab.engine.plan import plan
 from jaxlab.engine.programs import Programs
 from jaxlab.engine.sampling import sample
 from jaxlab.engine.steps import GREEDY, greedy_step, next_logits
@@ -325,12 +325,11 @@ class Sharded:
         ``prefill=False`` feeds the prompt through the decode step one token per call: one compiled
         program instead of two (half the compile time, slower for long prompts)."""
         cfg = self.config
-        prompts = check_request(cfg, prompts, max_new_tokens)
-        rows = TextStops(
-            len(prompts),
-            tokenizer,
-            cfg.eos_id,
+        prompts, rows = start_request(
+            cfg,
+            prompts,
             max_new_tokens,
+            tokenizer,
             ignore_eos=ignore_eos,
             stop=stop,
             on_text=on_text,

@@ -61,10 +61,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlab.engine.generate import GenerationResult, TextStops
+from jaxlab.engine.generate import GenerationResult, start_request
 from jaxlab.engine.kvcache import KVCache, init_cache, left_pad
 from jaxlab.engine.model import Params, Policy, cast_params, params_from_flat
-from jaxlab.engine.plan import CACHE_BUCKETS, PREFILL_BUCKETS, Plan, check_request, plan
+from jaxlab.engine.plan import CACHE_BUCKETS, PREFILL_BUCKETS, Plan, plan
 from jaxlab.engine.programs import Programs
 from jaxlab.engine.sampling import Sampling, SamplingParams, filter_logits
 from jaxlab.engine.steps import jit_draft, jit_prefill, jit_verify
@@ -361,9 +361,8 @@ class SpeculativeDecoder:
 
     def _generate(self, prompts, max_new_tokens, sampling, seed, ignore_eos, stop, on_text):
         cfg, k = self.config, self.k
-        prompts = check_request(cfg, prompts, max_new_tokens)
-        rows = TextStops(
-            len(prompts), self.tokenizer, cfg.eos_id, max_new_tokens, ignore_eos=ignore_eos, stop=stop, on_text=on_text
+        prompts, rows = start_request(
+            cfg, prompts, max_new_tokens, self.tokenizer, ignore_eos=ignore_eos, stop=stop, on_text=on_text
         )
         b = len(prompts)
         lens = [len(p) for p in prompts]

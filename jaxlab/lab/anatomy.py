@@ -296,15 +296,16 @@ def cache_memory_rows(
     rows = []
     for b, s in shapes:
         for dt in dtypes:
-            formula = 2 * cfg.n_layers * b * s * cfg.n_kv_heads * cfg.head_dim * jnp.dtype(dt).itemsize
+            formula = cache_bytes(cfg, b, s, dt)  # 2 x layers x batch x slots x kv_heads x head_dim x itemsize
+            shaped = jax.eval_shape(lambda: init_cache(cfg, b, s, dt)).nbytes()  # the real structure, unallocated
             rows.append(
                 {
                     "batch": b,
                     "slots": s,
                     "dtype": dt,
                     "formula MB": formula / unit,
-                    "KVCache.nbytes MB": cache_bytes(cfg, b, s, dt) / unit,
-                    "same": formula == cache_bytes(cfg, b, s, dt),
+                    "KVCache.nbytes MB": shaped / unit,
+                    "same": formula == shaped,
                     f"no GQA ({cfg.n_heads} KV heads) MB": cache_bytes(mha, b, s, dt) / unit,
                 }
             )

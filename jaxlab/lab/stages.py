@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxlab.engine.generate import jit_decode_on_device
-from jaxlab.engine.kvcache import KVCache, init_cache, left_pad
+from jaxlab.engine.kvcache import KVCache, cache_bytes, init_cache, left_pad
 from jaxlab.engine.model import Params, forward
 from jaxlab.engine.plan import CACHE_BUCKETS, PREFILL_BUCKETS, bucket
 from jaxlab.engine.programs import Programs
@@ -472,8 +472,7 @@ def decode_step_cost(params: Params, batch: int, context: int) -> tuple[float, f
     matmul_weights = sum(a.size for name, a in params.flat().items() if a.ndim == 2)
     attn = 2 * 2 * cfg.n_layers * cfg.n_heads * cfg.head_dim * context
     flops = batch * (2.0 * matmul_weights + attn)
-    itemsize = jnp.dtype(params.policy.jnp_dtype).itemsize
-    kv = 2 * cfg.n_layers * batch * context * cfg.n_kv_heads * cfg.head_dim * itemsize
+    kv = cache_bytes(cfg, batch, context, params.policy.jnp_dtype)
     return flops, float(params.nbytes() + kv)
 
 
