@@ -194,19 +194,22 @@ def cache_specs(cfg, rules: Mapping[str, str], mesh: Mesh | None = None, quantiz
     return KVCache(k=(spec["k"],) * n, v=(spec["v"],) * n, pos=spec["pos"], index=P(), **scales)
 
 
+def map_kv(cache: KVCache, fn) -> KVCache:
+    """The cache with ``fn`` applied to every per-layer array (K, V and, for int8, their scales); positions
+    and the write index unchanged."""
+    return dataclasses.replace(
+        cache,
+        **{name: tuple(map(fn, getattr(cache, name))) for name in ("k", "v", "k_scale", "v_scale")},
+    )
+
+
 def merge_heads(cache: KVCache) -> KVCache:
     """Split view -> the model's layout: K [B, KVH, S, Hd] -> [B*KVH, S, Hd] (V and the scales alike)."""
 
     def merge(a):
         return a.reshape(a.shape[0] * a.shape[1], *a.shape[2:])
 
-    return dataclasses.replace(
-        cache,
-        k=tuple(map(merge, cache.k)),
-        v=tuple(map(merge, cache.v)),
-        k_scale=tuple(map(merge, cache.k_scale)),
-        v_scale=tuple(map(merge, cache.v_scale)),
-    )
+    return map_kv(cache, merge)
 
 
 def split_heads(cache: KVCache) -> KVCache:
@@ -216,10 +219,4 @@ def split_heads(cache: KVCache) -> KVCache:
     def split(a):
         return a.reshape(b, a.shape[0] // b, *a.shape[1:])
 
-    return dataclasses.replace(
-        cache,
-        k=tuple(map(split, cache.k)),
-        v=tuple(map(split, cache.v)),
-        k_scale=tuple(map(split, cache.k_scale)),
-        v_scale=tuple(map(split, cache.v_scale)),
-    )
+    return map_kv(cache, split)

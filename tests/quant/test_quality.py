@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import hf_llama_tensors
 
 from jaxlab import quant
 from jaxlab.engine.config import tiny
@@ -216,31 +217,6 @@ def test_eval_text_token_count(smollm):
 
 
 #: canonical name (the part after "layers.N.") -> (Hugging Face name after "model.layers.N.", stored transposed)
-HF_LAYER_NAMES = {
-    "attn_norm.weight": ("input_layernorm.weight", False),
-    "attn.wq": ("self_attn.q_proj.weight", True),
-    "attn.wk": ("self_attn.k_proj.weight", True),
-    "attn.wv": ("self_attn.v_proj.weight", True),
-    "attn.wo": ("self_attn.o_proj.weight", True),
-    "mlp_norm.weight": ("post_attention_layernorm.weight", False),
-    "mlp.w_gate": ("mlp.gate_proj.weight", True),
-    "mlp.w_up": ("mlp.up_proj.weight", True),
-    "mlp.w_down": ("mlp.down_proj.weight", True),
-}
-
-
-def hf_tensors(flat: dict) -> dict[str, np.ndarray]:
-    """Canonical parameters -> the tensors of a Hugging Face Llama checkpoint (tied embeddings), written out
-    here from the format rather than taken from the loader, so the loader is checked against it."""
-    out = {"model.embed_tokens.weight": flat["embed"], "model.norm.weight": flat["norm.weight"]}
-    for name, a in flat.items():
-        if name.startswith("layers."):
-            _, i, rest = name.split(".", 2)
-            hf_name, transposed = HF_LAYER_NAMES[rest]
-            out[f"model.layers.{i}.{hf_name}"] = a.T if transposed else a
-    return {k: np.ascontiguousarray(np.asarray(v)) for k, v in out.items()}
-
-
 def write_tiny_checkpoint(folder: Path, tokenizer) -> None:
     """A random Llama in Hugging Face layout (config.json + model.safetensors + tokenizer files), small
     enough to evaluate in seconds; its vocabulary is the real tokenizer's, so the real prompts fit."""
@@ -264,10 +240,7 @@ def write_tiny_checkpoint(folder: Path, tokenizer) -> None:
         eos_token_id=tokenizer.eos_id,
     )
     (folder / "config.json").write_text(json.dumps(hf))
-    from jaxlab.io.hf import hf_config
-
-    cfg = hf_config(folder)
-    save_file(hf_tensors(init_params(cfg, 3).flat()), str(folder / "model.safetensors"))
+    save_file(hf_llama_tensors(hf, np.random.default_rng(3)), str(folder / "model.safetensors"))
     tokenizer.backend.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(
         json.dumps(
