@@ -15,6 +15,7 @@ import time
 from jaxlab.errors import InvalidRequestError, JaxlabError
 from jaxlab.quant import DEFAULT_GROUP, FORMATS, KV_FORMATS
 
+CHAT_CONTEXT = 2048  # positions a chat holds (history and reply); /reset starts over
 EXIT_USER_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERNAL = 3
@@ -196,7 +197,6 @@ def _cache_dtype(args):
 
 
 def _load(args):
-    from jaxlab.engine.generate import Generator
     from jaxlab.engine.loading import load
     from jaxlab.tools import compile_cache
 
@@ -204,7 +204,46 @@ def _load(args):
     group = DEFAULT_GROUP if args.group_size is None else args.group_size
     # progress bars (conversion, quantization) only where someone watches
     m = load(args.model, dtype=args.dtype, quant=args.quant, group_size=group, progress=sys.stderr.isatty())
-    return m, Generator(m.params, m.tokenizer, cache_dtype=_cache_dtype(args))
+    return m
+
+
+def _engine(args, m, slots: int, context: int):
+    """The continuous-batching engine (jaxlab.engine.continuous) for ``slots`` sequences of up to ``context``
+    positions; the page pool holds exactly that much."""
+    from jaxlab.engine.continuous import Engine
+
+    return Engine(m.params, m.tokenizer, slots=slots, context=context, cache_dtype=_cache_dtype(args))
+
+
+def _run_requests(engine, ids, args, sampling, on_text=None):
+    """Every prompt as a request of ``engine``, run to the end -> GenerationResults. With ``on_text`` (one
+    prompt), its pieces are written as they arrive. The timings: prefill = time to the first token, decode =
+    the rest, compile = seconds this run spent compiling (included in the prefill)."""
+    compiled = engine.programs.compile_seconds_total
+    t0 = time.perf_counter()
+    streams = [
+        engine.add_request(
+            p,
+            sampling,
+            max_new_tokens=args.max_new_tokens,
+            seed=args.seed + i,
+            stop=args.stop,
+            ignore_eos=args.ignore_eos,
+        )
+        for i, p in enumerate(ids)
+    ]
+    if on_text is not None:
+        for piece in streams[0]:
+            on_text(0, piece)
+    engine.run()
+    compile_s = engine.programs.compile_seconds_total - compiled
+    results = []
+    for s in streams:
+        r = s.result()
+        first = s.first_token_at or s.finished_at
+        r.prefill_seconds, r.decode_seconds, r.compile_seconds = first - t0, s.finished_at - first, compile_s
+        results.append(r)
+    return results
 
 
 def _prompt_ids(tok, text, raw, history=None, system=None):
@@ -228,7 +267,7 @@ def cmd_generate(args, out=None):
     _check_quant(args)
     if args.mesh and args.speculative:
         raise InvalidRequestError("--mesh and --speculative cannot be combined")
-    m, gen = _load(args)
+    m = _load(args)
     tok = m.tokenizer
     ids = [_prompt_ids(tok, p, args.raw) for p in args.prompts]
     streaming = len(ids) == 1 and not args.json
@@ -242,15 +281,13 @@ def cmd_generate(args, out=None):
     elif args.speculative:
         results = _generate_speculative(args, m, ids, sampling)
     else:
-        results = gen.generate(
-            ids,
-            args.max_new_tokens,
-            sampling,
-            seed=args.seed,
-            ignore_eos=args.ignore_eos,
-            stop=args.stop,
-            on_text=on_text if streaming else None,
-        )
+        from jaxlab.engine.plan import check_request, plan
+
+        ids = check_request(m.config, ids, args.max_new_tokens)
+        plan(m.config, [len(p) for p in ids], args.max_new_tokens)  # a prompt too long: says how much to cut
+        context = max(len(p) for p in ids) + args.max_new_tokens
+        engine = _engine(args, m, slots=len(ids), context=context)
+        results = _run_requests(engine, ids, args, sampling, on_text if streaming else None)
     for prompt, r in zip(args.prompts, results):
         if args.json:
             out.write(
@@ -322,8 +359,11 @@ def cmd_chat(args, stdin=None, out=None):
     sampling = _sampling(args)
     _check_dtype(args.dtype)
     _check_quant(args)
-    m, gen = _load(args)
+    m = _load(args)
     tok = m.tokenizer
+    # one sequence; each turn's prompt starts with the conversation so far, whose full pages are read back
+    # from the prefix table instead of computed again
+    engine = _engine(args, m, slots=1, context=min(m.config.max_seq_len, CHAT_CONTEXT))
     history = []
     if args.system:
         history.append({"role": "system", "content": args.system})
@@ -345,19 +385,22 @@ def cmd_chat(args, stdin=None, out=None):
         if not text.strip():
             continue
         ids = _prompt_ids(tok, text, False, history=history)
-        room = m.config.max_seq_len - len(ids)
+        room = engine.context - len(ids)
         if room < 1:
             out.write("(the conversation no longer fits in the context: /reset to start over)\n")
             continue
-        r = gen.generate(
-            [ids],
-            min(args.max_new_tokens, room),
+        stream = engine.add_request(
+            ids,
             sampling,
+            max_new_tokens=min(args.max_new_tokens, room),
             seed=args.seed,
             stop=args.stop,
             ignore_eos=args.ignore_eos,
-            on_text=lambda _i, piece: (out.write(piece), out.flush()),
-        )[0]
+        )
+        for piece in stream:
+            out.write(piece)
+            out.flush()
+        r = stream.result()
         out.write("\n")
         history += [{"role": "user", "content": text}, {"role": "assistant", "content": r.text}]
 

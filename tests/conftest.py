@@ -5,6 +5,14 @@ Helpers for the tests: ``load_solution`` (the exercises' solutions) and ``hf_lla
 Hugging Face layout).
 
 Parity figures recorded with the ``parity`` fixture are printed at the end of the run.
+
+One persistent compilation cache serves the whole run (``JAXLAB_COMPILE_CACHE``, unless set): a folder made
+empty for this run, so a run on a fresh machine and a run here cost the same, and the user's cache
+(``~/.cache/jaxlab/jax``) is neither read nor written. This process turns it on at once; the command-line
+subprocesses, the exported-program children and the notebooks' kernels inherit the variable. A program
+compiled once (a Generator's prefill, a quantized decode step) is then loaded, not compiled again, by every
+later process or program object that lowers to the same computation. Tests that measure a cold compile give
+their own empty folder.
 """
 
 from __future__ import annotations
@@ -13,11 +21,29 @@ import functools
 import importlib.util
 import inspect
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pytest
+
+_OWN_COMPILE_CACHE = None
+if "JAXLAB_COMPILE_CACHE" not in os.environ:
+    _OWN_COMPILE_CACHE = tempfile.mkdtemp(prefix="jaxlab-tests-compile-cache-")
+    os.environ["JAXLAB_COMPILE_CACHE"] = _OWN_COMPILE_CACHE
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_compile_cache():
+    """The run's persistent compilation cache, on in this process; removed at the end when this run made it."""
+    from jaxlab.tools import compile_cache
+
+    yield compile_cache.enable()
+    if _OWN_COMPILE_CACHE:
+        shutil.rmtree(_OWN_COMPILE_CACHE, ignore_errors=True)
+
 
 _PARITY: list[str] = []
 SOLUTIONS = Path(__file__).resolve().parent.parent / "notebooks" / "solutions"

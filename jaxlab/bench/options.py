@@ -198,6 +198,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="tiny sizes for a smoke test: batch 1,2, 8 new tokens, prompt 16, 1 rep, small ceilings "
         "and a small quality report",
     )
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="only continuous batching: a seeded 64-request trace served by static and continuous batching, the "
+        "paged decode step against the contiguous one, prefix reuse (about 10 minutes on 2 cores; --quick: seconds)",
+    )
     parser.add_argument("--targets", action="store_true", help="print the issue's targets as PASS/MISS lines")
     parser.add_argument("--json", metavar="PATH", default=None, help="write every number to this JSON file")
     parser.add_argument("--plot", metavar="PATH", default=None, help="write a roofline plot (PNG) to this file")

@@ -190,6 +190,10 @@ def measure_float(opts: Options, setup: Setup, res: dict) -> dict:
 def run_from_args(args: argparse.Namespace, out=None) -> int:
     """Entry point of ``jaxlab bench``: measure, print the report (and the targets), write the files."""
     out = out or sys.stdout
+    if getattr(args, "trace", False):
+        from jaxlab.bench.trace import run_trace
+
+        return run_trace(args, out)
     opts = resolve_options(args)
     res = run_bench(opts)
     text = render(res)

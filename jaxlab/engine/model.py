@@ -36,9 +36,10 @@ import numpy as np
 from flax import nnx
 
 from jaxlab.engine.config import DTYPES, LlamaConfig
-from jaxlab.engine.kvcache import KVCache, quantize_kv
+from jaxlab.engine.kvcache import KVCache, int8_bmm, quantize_kv
+from jaxlab.engine.paged import PagedKVCache, PagedLayer, read_pages, write_pages
 from jaxlab.errors import ConfigError
-from jaxlab.quant.formats import QuantizedMatrix, join_split, params_format, split_activations
+from jaxlab.quant.formats import QuantizedMatrix, params_format
 
 Array = jax.Array
 Reduce = Callable[[Array], Array]  # applied to the row-parallel matmuls' outputs [B, T, D]
@@ -208,16 +209,6 @@ def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
     return (x32 * cos + rotated.astype(jnp.float32) * sin).astype(x.dtype)
 
 
-def _int8_bmm(x: Array, m8: Array, axis: int) -> Array:
-    """Batched ``x [N, R, K] . m8 [N, *, K]`` contracting ``K`` (axis ``axis`` of ``m8``) -> [N, R, M]
-    float32, for the int8 KV cache: ``x`` is written as two int8 rows (``quant.split_activations``,
-    ~15 bits) and the product runs as an int8 x int8 -> int32 matmul, which XLA:CPU runs ~2.4x faster
-    than the float32 one at batch 32 (benchmarks/NOTES.md §6). Scales of ``m8`` are applied by the caller."""
-    rows, s = split_activations(x.astype(jnp.float32))
-    acc = jax.lax.dot_general(rows, m8, (((2,), (axis,)), ((0,), (0,))), preferred_element_type=jnp.int32)
-    return join_split(acc.astype(jnp.float32), x.shape[1]) * s
-
-
 class Attention(nnx.Module):
     """Grouped-query self-attention with an optional KV cache."""
 
@@ -234,13 +225,17 @@ class Attention(nnx.Module):
 
     def __call__(self, x, positions, cos, sin, key_positions, cache_kv=None, index=None):
         # x [B, T, D]; positions [B, T]; key_positions [B, S]; cache_kv: (K [B*KVH, S, Hd], V [B*KVH, Hd, S]),
-        # plus (K scales, V scales) [B*KVH, S] for the int8 cache, or None
+        # plus (K scales, V scales) [B*KVH, S] for the int8 cache; a PagedLayer for the paged cache; or None
         cfg, pol = self.cfg, self.policy
         b, t, _ = x.shape
         q = _dense(x, self.wq.get_value(), pol).reshape(b, t, cfg.n_kv_heads, cfg.q_per_kv, cfg.head_dim)
         k = _dense(x, self.wk.get_value(), pol).reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
         v = _dense(x, self.wv.get_value(), pol).reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if isinstance(cache_kv, PagedLayer):  # the paged cache: each row its own positions, read through its pages
+            layer = write_pages(cache_kv, k, v, positions)
+            out = read_pages(q, layer, positions, lambda spec, a, b: _matmul(spec, a, b, pol))
+            return _dense(out.astype(x.dtype), self.wo.get_value(), pol), layer
         # Cache layouts: K [B*KVH, S, Hd] and V [B*KVH, Hd, S]. Both attention matmuls then contract
         # over a minor axis and have one batch axis with no size-1 dimension; with [B, S, KVH, Hd]
         # (or any layout with a size-1 batch axis) XLA copied every layer's whole cache each step.
@@ -268,7 +263,7 @@ class Attention(nnx.Module):
         q = q.transpose(0, 2, 3, 1, 4).reshape(bk, g_t, cfg.head_dim)  # [B*KVH, G*T, Hd]
         # each of the G query heads of a group reads the same K/V head
         if k_scale is not None:
-            scores = _int8_bmm(q, k, 2) * k_scale[:, None, :]
+            scores = int8_bmm(q, k, 2) * k_scale[:, None, :]
         else:
             scores = _matmul("nqd,nsd->nqs", q, k, pol)
         s_len = scores.shape[-1]
@@ -277,7 +272,7 @@ class Attention(nnx.Module):
         scores = jnp.where(visible[:, None, None], scores, MASK_VALUE)  # visible [B, T, S]
         probs = jax.nn.softmax(scores, axis=-1).reshape(bk, g_t, s_len)
         if v_scale is not None:  # fold each value vector's scale into its attention weight
-            out = _int8_bmm(probs * v_scale[:, None, :], v, 2)  # [B*KVH, G*T, Hd]
+            out = int8_bmm(probs * v_scale[:, None, :], v, 2)  # [B*KVH, G*T, Hd]
         else:
             out = _matmul("nqs,nds->nqd", probs, v, pol)
         out = out.reshape(b, cfg.n_kv_heads, cfg.q_per_kv, t, cfg.head_dim).transpose(0, 3, 1, 2, 4)
@@ -352,7 +347,8 @@ class Llama(nnx.Module):
     ):
         """tokens, positions [B, T] int -> logits [B, T or 1, V] float32, updated cache.
 
-        With a cache, the T new tokens are written at slots ``cache.index .. cache.index+T-1``.
+        With a cache, the T new tokens are written at slots ``cache.index .. cache.index+T-1``; with a paged cache
+        (:class:`~jaxlab.engine.paged.PagedKVCache`) each token at its own position, in its row's pages.
         ``last_only`` computes logits for the last position only (what prefill needs: with left padding
         the last position is every row's last real token). ``upto`` and ``reduce``: see :func:`forward`."""
         cfg = self.cfg
@@ -373,7 +369,8 @@ class Llama(nnx.Module):
         else:
             x = jnp.take(embed, tokens, axis=0).astype(dt).astype(jnp.float32)  # [B, T, D]
         cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
-        if cache is not None:
+        paged = isinstance(cache, PagedKVCache)
+        if cache is not None and not paged:
             key_positions = jax.lax.dynamic_update_slice(cache.pos, positions.astype(cache.pos.dtype), (0, cache.index))
         else:
             key_positions = positions
@@ -381,9 +378,11 @@ class Llama(nnx.Module):
         for i, layer in enumerate(layers):
             with jax.named_scope(f"layer{i}"):
                 kv = None
-                if cache is not None:
+                if paged:
+                    kv = cache.layer(i)
+                elif cache is not None:
                     kv = (cache.k[i], cache.v[i]) + ((cache.k_scale[i], cache.v_scale[i]) if cache.k_scale else ())
-                index = None if cache is None else cache.index
+                index = None if cache is None or paged else cache.index
                 x, kv = layer(x, positions, cos, sin, key_positions, kv, index, reduce)
             if kv is not None:
                 new_kv.append(kv)
@@ -394,6 +393,8 @@ class Llama(nnx.Module):
             logits = (*early, logits)  # one [B, T or 1, V] per exit
         if cache is None:
             return logits, None
+        if paged:
+            return logits, PagedKVCache.from_layers(new_kv, cache.page_table)
         t = tokens.shape[1]
         parts = list(zip(*new_kv))  # k, v (, k_scale, v_scale) per layer
         scales = dict(k_scale=tuple(parts[2]), v_scale=tuple(parts[3])) if len(parts) == 4 else {}

@@ -99,3 +99,27 @@ def sample(logits: jax.Array, key: jax.Array, sampling: Sampling) -> jax.Array:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     filtered = filter_logits(logits, sampling)
     return jax.random.categorical(key, filtered, axis=-1).astype(jnp.int32)
+
+
+def stack_rows(params: "list[SamplingParams]") -> tuple[Sampling, jax.Array]:
+    """One :class:`Sampling` whose numbers are per row ([B] leaves, ``greedy`` False), and the rows that are
+    greedy [B] bool: a batch whose requests sample differently (:func:`sample_rows`)."""
+    states = [p.state() for p in params]
+    leaves = {f: jnp.stack([getattr(s, f) for s in states]) for f in ("temperature", "top_k", "top_p", "min_p")}
+    return Sampling(**leaves, greedy=False), jnp.asarray([p.greedy for p in params])
+
+
+def sample_rows(logits: jax.Array, keys: jax.Array, sampling: Sampling, greedy_rows: jax.Array) -> jax.Array:
+    """logits [B, V], one key per row [B], per-row settings (:func:`stack_rows`) -> token ids [B] int32.
+
+    Each row is drawn with its own key and settings, so a row's token does not depend on the other rows;
+    greedy rows take the argmax."""
+    best = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    if sampling.greedy:
+        return best
+
+    def one(lg, key, s):
+        return jax.random.categorical(key, filter_logits(lg, s)).astype(jnp.int32)
+
+    drawn = jax.vmap(one)(logits, keys, sampling)
+    return jnp.where(greedy_rows, best, drawn)

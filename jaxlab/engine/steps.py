@@ -9,10 +9,11 @@
   logits (what an exported step, a vmap lesson or a logit check needs);
 * :func:`verify_step` — speculative decoding's check: roll the cache back, run ``[x, d_1..d_k]`` at once,
   and let an acceptance rule (:func:`jaxlab.engine.speculative.accept`) keep a prefix;
+* :func:`rows_step` — one step of continuous batching: every row its own request, position and sampling;
 * :func:`draft_step` — k draft tokens from a draft model (for an early exit: the same weights with
   ``upto=L``), with its own cache.
 
-``jit_prefill``, ``jit_decode``, ``jit_verify`` and ``jit_draft`` are the jitted forms with the KV cache
+``jit_prefill``, ``jit_decode``, ``jit_verify``, ``jit_rows`` and ``jit_draft`` are the jitted forms with the KV cache
 *donated*, so XLA updates it in place instead of copying it every step; the model's hooks (``upto``,
 ``reduce``: :func:`~jaxlab.engine.model.forward`) are static. Sampling settings travel as one pytree
 (:class:`~jaxlab.engine.sampling.Sampling`; :data:`GREEDY` for argmax). The loops
@@ -30,7 +31,7 @@ import numpy as np
 
 from jaxlab.engine.kvcache import KVCache, rollback
 from jaxlab.engine.model import Params, forward
-from jaxlab.engine.sampling import Sampling, filter_logits, sample
+from jaxlab.engine.sampling import Sampling, filter_logits, sample, sample_rows
 
 #: Greedy decoding's settings as the pytree a step takes (argmax reads none of the numbers, nor the key:
 #: greedy steps may pass ``key=None``). NumPy scalars, so importing this module starts no device.
@@ -74,6 +75,20 @@ def greedy_step(params: Params, tokens, positions, cache: KVCache, **hooks):
     """The greedy decode step with its logits: tokens, positions [B] -> (next tokens [B] int32, logits [B, V], cache)."""
     logits, cache = next_logits(params, tokens[:, None], positions[:, None], cache, **hooks)
     return sample(logits, None, GREEDY), logits, cache
+
+
+def rows_step(params: Params, tokens, positions, cache, seeds, sampling: Sampling, greedy_rows, **hooks):
+    """Every row its own request (continuous batching): tokens, positions [B, T] (each row's last column its
+    last token; -1 = padding or an idle row) -> (next tokens [B], their logprobs [B], cache).
+
+    Row ``r`` draws with ``fold_in(key(seeds[r]), its last position)`` and its own settings (``sampling``
+    with [B] leaves, ``greedy_rows`` [B]: :func:`~jaxlab.engine.sampling.stack_rows`; or :data:`GREEDY`), so
+    its token depends on its own request and position only, never on the rows beside it."""
+    logits, cache = next_logits(params, tokens, positions, cache, **hooks)
+    keys = jax.vmap(lambda s, p: jax.random.fold_in(jax.random.key(s), p))(seeds, positions[:, -1])
+    nxt = sample_rows(logits, keys, sampling, greedy_rows)
+    logp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), nxt[:, None], axis=-1)[:, 0]
+    return nxt, logp, cache
 
 
 #: accept(logits [B, k+1, V], drafts [B, k], q [B, k, V] or None, key, sampling) -> (tokens [B, k+1], kept [B])
@@ -130,4 +145,5 @@ def draft_step(params: Params, prev, x, pos, cache: KVCache, index, key, samplin
 jit_prefill = jax.jit(prefill_step, donate_argnums=(3,), static_argnames=HOOKS)
 jit_decode = jax.jit(decode_step, donate_argnums=(3,), static_argnames=HOOKS)
 jit_verify = jax.jit(verify_step, donate_argnums=(3,), static_argnames=("accept", *HOOKS))
+jit_rows = jax.jit(rows_step, donate_argnums=(3,), static_argnames=HOOKS)
 jit_draft = jax.jit(draft_step, donate_argnums=(4,), static_argnames=("k", *HOOKS))

@@ -1,0 +1,377 @@
+"""Continuous batching over the paged KV cache: the engine a server runs.
+
+Requests come and go between steps: ``add_request`` puts one in the queue and returns its :class:`Stream`;
+every :meth:`Engine.step` runs one decode token for each running sequence and prompt chunks under the token
+budget (:mod:`jaxlab.engine.scheduler` decides which), then hands each request its new text. A finished
+request frees its slot and pages at once and the next one takes them in the following step; ``abort``
+frees them within one step.
+
+Compiled shapes are fixed: the decode program takes ``slots`` rows of one token, the prefill program one
+row of ``chunk`` tokens, each for a few page-table widths (:attr:`Engine.widths`, a bucket of the longest
+row), greedy or sampling. :meth:`Engine.warmup` compiles them all; after it no mix of requests compiles
+anything (a test counts).
+
+**Batch invariance.** Each row computes only from its own tokens and pages, and its random key is derived
+from its own seed and position (:func:`~jaxlab.engine.steps.rows_step`); prompt chunks start at multiples
+of ``chunk`` whatever else runs; a preempted request is recomputed the way it was computed the first time.
+So a request's tokens do not depend on which requests run beside it (a property test checks it over random
+arrivals, lengths and preemptions).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxlab.engine.generate import GenerationResult, TextStops
+from jaxlab.engine.model import Params
+from jaxlab.engine.paged import BLOCK_TOKENS, init_paged_cache
+from jaxlab.engine.pages import PagePool
+from jaxlab.engine.plan import check_request
+from jaxlab.engine.programs import Programs
+from jaxlab.engine.sampling import SamplingParams, stack_rows
+from jaxlab.engine.scheduler import Scheduler, Seq
+from jaxlab.engine.steps import GREEDY, jit_rows
+from jaxlab.errors import InvalidRequestError
+
+
+@dataclass
+class RequestOutput:
+    """What one step gave one request: new token ids and text, and whether (and why) it finished."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    finished: bool = False
+    finish_reason: str | None = None  # "eos", "stop", "length" or "abort"
+
+
+@dataclass
+class Stream:
+    """A request's output as it arrives. Iterating yields text pieces, stepping the engine while none is
+    ready; ``text``, ``token_ids``, ``finish_reason`` and the timings fill in as it runs."""
+
+    request_id: str
+    engine: Engine = field(repr=False)
+    prompt_ids: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = None
+    text: str = ""
+    finished: bool = False
+    finish_reason: str | None = None
+    arrived: float = 0.0  # perf_counter() when added
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    pieces: deque = field(default_factory=deque, repr=False)
+
+    def __iter__(self) -> Iterator[str]:
+        while True:
+            while self.pieces:
+                yield self.pieces.popleft()
+            if self.finished:
+                return
+            self.engine.step()
+
+    def result(self) -> GenerationResult:
+        """Run to the end; the request as a :class:`~jaxlab.engine.generate.GenerationResult`."""
+        for _ in self:
+            pass
+        return GenerationResult(
+            prompt_ids=list(self.prompt_ids),
+            generated_ids=list(self.token_ids),
+            text=self.text,
+            finish_reason=self.finish_reason or "length",
+            logprobs=self.logprobs,
+        )
+
+
+@dataclass
+class _Request:
+    seq: Seq
+    stream: Stream
+    stops: TextStops
+    seed: int
+    sampling: SamplingParams
+
+
+def _widths(context: int, page_size: int) -> tuple[int, ...]:
+    """Page-table widths in positions: one block (:data:`~jaxlab.engine.paged.BLOCK_TOKENS`), doubled up to
+    ``context`` (each a whole number of blocks and pages)."""
+    first = max(BLOCK_TOKENS, page_size)
+    out, w = [], first
+    while w < context:
+        out.append(w)
+        w *= 2
+    out.append(-(-context // first) * first)
+    return tuple(out)
+
+
+class Engine:
+    """Continuous batching over a paged KV cache (see the module's docstring).
+
+    ``slots``: rows of the decode step; ``page_size``: positions per page; ``chunk``: prompt tokens per
+    prefill call (a multiple of ``page_size``); ``context``: positions a sequence may reach (prompt and new
+    tokens); ``num_pages``: the pool (default: every slot can reach ``context``, plus the null page);
+    ``token_budget``: tokens computed per step (decode tokens plus prompt chunks; default ``slots + 2*chunk``);
+    ``prefix_reuse``: read full prompt pages of an identical prefix instead of computing them."""
+
+    def __init__(
+        self,
+        params: Params,
+        tokenizer=None,
+        *,
+        slots: int = 8,
+        page_size: int = 16,
+        chunk: int = 64,
+        context: int | None = None,
+        num_pages: int | None = None,
+        token_budget: int | None = None,
+        cache_dtype=None,
+        prefix_reuse: bool = True,
+    ):
+        cfg = params.config
+        self.params, self.tokenizer, self.config = params, tokenizer, cfg
+        context = min(cfg.max_seq_len, 2048) if context is None else context
+        if not 0 < context <= cfg.max_seq_len:
+            raise InvalidRequestError(f"context must be in 1..{cfg.max_seq_len} (the model's), got {context}")
+        if slots < 1 or page_size < 1 or chunk < 1:
+            raise InvalidRequestError("slots, page_size and chunk must be >= 1")
+        self.slots, self.page_size, self.chunk = slots, page_size, chunk
+        self.widths = _widths(context, page_size)
+        self.context = context
+        num_pages = num_pages or slots * (self.widths[-1] // page_size) + 1
+        self.cache_dtype = jnp.dtype(cache_dtype or params.policy.jnp_dtype)
+        self.cache = init_paged_cache(cfg, num_pages, page_size, dtype=self.cache_dtype)
+        self.pool = PagePool(num_pages, page_size)
+        self.scheduler = Scheduler(
+            slots, self.pool, chunk, token_budget or slots + 2 * chunk, context, prefix_reuse=prefix_reuse
+        )
+        self.programs = Programs()
+        self.requests: dict[str, _Request] = {}
+        self._ids = itertools.count()
+        self.steps = 0
+        self.kv_samples: list[float] = []  # KV use (stored / pool) after each step while requests waited
+        self.fill_samples: list[float] = []  # stored / pages held, at the same steps
+
+    # ---- requests ----------------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams | None = None,
+        request_id: str | None = None,
+        *,
+        max_new_tokens: int = 32,
+        seed: int = 0,
+        stop: Sequence[str] = (),
+        ignore_eos: bool = False,
+        logprobs: bool = False,
+    ) -> Stream:
+        """Queue a request; it joins the batch at the next step with a free slot. Returns its stream."""
+        (prompt,) = check_request(self.config, [prompt_ids], max_new_tokens)
+        request_id = str(next(self._ids)) if request_id is None else str(request_id)
+        if request_id in self.requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already running: give each request its own id")
+        stream = Stream(request_id, self, prompt, arrived=time.perf_counter(), logprobs=[] if logprobs else None)
+
+        def on_text(_row, piece):
+            stream.text += piece
+            stream.pieces.append(piece)
+
+        stops = TextStops(
+            1,
+            self.tokenizer,
+            self.config.eos_id,
+            max_new_tokens,
+            ignore_eos=ignore_eos,
+            stop=stop,
+            on_text=on_text if self.tokenizer is not None else None,
+            logprobs=logprobs,
+        )
+        seq = self.scheduler.add(request_id, prompt, max_new_tokens)
+        self.requests[request_id] = _Request(seq, stream, stops, int(seed), sampling or SamplingParams())
+        return stream
+
+    def abort(self, request_id: str) -> bool:
+        """Give a request up: its slot and pages are free before the next step. False if it is unknown."""
+        req = self.requests.pop(str(request_id), None)
+        if req is None:
+            return False
+        self.scheduler.finish(req.seq)
+        self._close(req, "abort")
+        return True
+
+    @property
+    def has_work(self) -> bool:
+        return not self.scheduler.idle()
+
+    # ---- one step ----------------------------------------------------------------------------------
+
+    def _width(self, positions: int) -> int:
+        for w in self.widths:
+            if positions <= w:
+                return w
+        raise InvalidRequestError(f"{positions} positions exceed the engine's context {self.context}")
+
+    def _table(self, seqs: Sequence[Seq | None], width: int) -> np.ndarray:
+        table = np.zeros((len(seqs), width // self.page_size), np.int32)
+        for r, seq in enumerate(seqs):
+            if seq is not None:
+                table[r, : len(seq.pages)] = seq.pages
+        return table
+
+    def _sampling(self, reqs: Sequence[_Request | None]):
+        params = [r.sampling if r is not None else SamplingParams() for r in reqs]
+        greedy = all(p.greedy for p in params)
+        if greedy:
+            return GREEDY, jnp.ones(len(params), bool)
+        return stack_rows(params)
+
+    def _run(self, name: str, rows: Sequence[_Request | None], tokens, positions, width: int):
+        samp, greedy_rows = self._sampling(rows)
+        seqs = [r.seq if r is not None else None for r in rows]
+        cache = self.cache.with_table(self._table(seqs, width))
+        seeds = np.asarray([r.seed if r is not None else 0 for r in rows], np.uint32)
+        # device_put, not jnp.asarray: converting a NumPy array with jnp.asarray compiles a small program per shape
+        tokens, positions, seeds = jax.device_put((tokens, positions, seeds))
+        args = (self.params, tokens, positions, cache, seeds, samp, greedy_rows)
+        fn, _ = self.programs.get(name, jit_rows, args)
+        nxt, logp, self.cache = fn(*args)
+        return np.asarray(nxt), np.asarray(logp)
+
+    def step(self) -> list[RequestOutput]:
+        """Admit, decode one token per running sequence, prefill chunks under the budget; -> what each
+        request got in this step."""
+        plan = self.scheduler.schedule()
+        if plan.empty:
+            return []
+        self.steps += 1
+        outputs: list[RequestOutput] = []
+        if plan.decode:
+            rows: list[_Request | None] = [None] * self.slots
+            tokens = np.zeros((self.slots, 1), np.int32)
+            positions = np.full((self.slots, 1), -1, np.int32)
+            for seq in plan.decode:
+                rows[seq.slot] = self.requests[seq.id]
+                tokens[seq.slot, 0] = seq.tokens[seq.computed]
+                positions[seq.slot, 0] = seq.computed
+            width = self._width(max(s.computed + 1 for s in plan.decode))
+            nxt, logp = self._run("decode", rows, tokens, positions, width)
+            for seq in plan.decode:
+                replay = seq.replay
+                self.scheduler.computed(seq, seq.computed + 1)
+                if not replay:
+                    outputs += self._emit(self.requests[seq.id], int(nxt[seq.slot]), float(logp[seq.slot]))
+        for ch in plan.chunks:
+            req = self.requests.get(ch.seq.id)
+            if req is None or ch.seq.done:
+                continue
+            n = ch.end - ch.start
+            tokens = np.zeros((1, self.chunk), np.int32)
+            positions = np.full((1, self.chunk), -1, np.int32)
+            tokens[0, self.chunk - n :] = ch.seq.prompt[ch.start : ch.end]  # left padding: the last column is real
+            positions[0, self.chunk - n :] = np.arange(ch.start, ch.end)
+            nxt, logp = self._run("prefill", [req], tokens, positions, self._width(ch.end))
+            self.scheduler.computed(ch.seq, ch.end)
+            if ch.last and not ch.seq.generated:
+                outputs += self._emit(req, int(nxt[0]), float(logp[0]))
+        if self.scheduler.waiting:
+            self.kv_samples.append(self.scheduler.kv_use())
+            self.fill_samples.append(self.scheduler.page_fill())
+        return outputs
+
+    def _emit(self, req: _Request, token: int, logp: float) -> list[RequestOutput]:
+        stream, seq = req.stream, req.seq
+        if stream.first_token_at is None:
+            stream.first_token_at = time.perf_counter()
+        seq.generated.append(token)
+        before = len(stream.text)
+        going = req.stops.push(0, token, logp)
+        if req.stops.ids[0][len(stream.token_ids) :]:
+            stream.token_ids.append(token)
+            if stream.logprobs is not None:
+                stream.logprobs.append(logp)
+        if going:
+            return [RequestOutput(seq.id, [token], stream.text[before:])]
+        self.scheduler.finish(seq)
+        self.requests.pop(seq.id, None)
+        return [self._close(req, req.stops.finish[0] or "length", before)]
+
+    def _close(self, req: _Request, reason: str, before: int | None = None) -> RequestOutput:
+        stream = req.stream
+        if before is None:
+            before = len(stream.text)
+        if self.tokenizer is not None and reason != "abort":
+            req.stops.results([stream.prompt_ids])  # flush held-back text (and a stop string at the very end)
+            stream.text = req.stops.safe[0] if req.stops.track else stream.text
+        elif self.tokenizer is None:
+            stream.text = ""
+        stream.finished, stream.finish_reason, stream.finished_at = True, reason, time.perf_counter()
+        new = stream.token_ids[-1:] if reason != "abort" else []
+        return RequestOutput(stream.request_id, new, stream.text[before:], True, reason)
+
+    # ---- conveniences ------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Step until every request has finished."""
+        while self.has_work:
+            self.step()
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int = 32,
+        sampling: SamplingParams | None = None,
+        *,
+        seed: int = 0,
+        stop: Sequence[str] = (),
+        ignore_eos: bool = False,
+        logprobs: bool = False,
+    ) -> list[GenerationResult]:
+        """Every prompt as a request (seeds ``seed``, ``seed + 1``, ...), run to the end; results in order."""
+        streams = [
+            self.add_request(
+                p,
+                sampling,
+                max_new_tokens=max_new_tokens,
+                seed=seed + i,
+                stop=stop,
+                ignore_eos=ignore_eos,
+                logprobs=logprobs,
+            )
+            for i, p in enumerate(prompts)
+        ]
+        self.run()
+        return [s.result() for s in streams]
+
+    def warmup(self, sampling: bool = False) -> float:
+        """Compile every program the engine can need (decode and prefill, each page-table width; greedy, and
+        sampling when asked); returns seconds spent compiling."""
+        before = self.programs.compile_seconds_total
+        kinds = [SamplingParams()] + ([SamplingParams(temperature=1.0)] if sampling else [])
+        for sp in kinds:
+            for width in self.widths:
+                for name, rows, t in (("decode", self.slots, 1), ("prefill", 1, self.chunk)):
+                    samp, greedy_rows = GREEDY, jnp.ones(rows, bool)
+                    if not sp.greedy:
+                        samp, greedy_rows = stack_rows([sp] * rows)
+                    cache = self.cache.with_table(np.zeros((rows, width // self.page_size), np.int32))
+                    args = (
+                        self.params,
+                        jnp.zeros((rows, t), jnp.int32),
+                        jnp.full((rows, t), -1, jnp.int32),
+                        cache,
+                        jnp.zeros(rows, jnp.uint32),
+                        samp,
+                        greedy_rows,
+                    )
+                    fn, _ = self.programs.get(name, jit_rows, args)
+                    *_, self.cache = fn(*args)  # all positions -1: writes go to the null page only
+        return self.programs.compile_seconds_total - before

@@ -1,0 +1,23 @@
+"""Solutions to notebook 11's exercises."""
+
+
+def my_locate(positions, page_table_row, page_size):
+    """Each position's physical page (through the row's page table) and its offset in that page."""
+    import numpy as np
+
+    positions, table = np.asarray(positions), np.asarray(page_table_row)
+    return table[positions // page_size], positions % page_size
+
+
+def my_reusable_pages(cached, prompt, page_size):
+    """Leading full pages equal in both, never the page of the prompt's last token."""
+    limit = min(len(cached) // page_size, (len(prompt) - 1) // page_size)
+    n = 0
+    while n < limit and cached[n * page_size : (n + 1) * page_size] == prompt[n * page_size : (n + 1) * page_size]:
+        n += 1
+    return n
+
+
+def my_chunks(budget, n_decode, chunk, prompt_left):
+    """Whole chunks that fit in what the decode tokens leave, and no more than the prompt needs."""
+    return min(max(budget - n_decode, 0) // chunk, -(-prompt_left // chunk))

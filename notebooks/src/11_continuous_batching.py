@@ -1,0 +1,316 @@
+# %% [markdown]
+# # 11 · Continuous batching over a paged KV cache
+#
+# *About 40 minutes.* Notebook 06 batched requests the simple way: pad them to one length, run them in
+# lockstep, and return when the longest is done. A server cannot work like that: requests arrive at any
+# moment and want different numbers of tokens. Real inference servers (vLLM, SGLang, JetStream,
+# tpu-inference) rest on three ideas, and this notebook builds and measures each on the real SmolLM2-135M:
+#
+# 1. every sequence has **its own position** in the cache;
+# 2. the cache is allocated in **pages** from one pool, with a page table per sequence;
+# 3. the batch is **refilled between decode steps**: a finished request leaves at once, a new one joins.
+#
+# **Learning goals**
+#
+# - Draw the difference between a static and a continuous batch, and say where static batching wastes time.
+# - Read a page table: where the key and value of position *p* live, and why memory then grows with each
+#   sequence's own length.
+# - Check *batch invariance*: a request's tokens do not depend on which requests run beside it.
+# - Measure throughput and time to first token for both policies on a trace of arriving requests.
+# - Explain prefix reuse: why a shared system prompt is computed once.
+#
+# Links: [vLLM / PagedAttention paper](https://arxiv.org/abs/2309.06180) ·
+# [Orca (iteration-level scheduling)](https://www.usenix.org/conference/osdi22/presentation/yu) ·
+# [JAX `jit`](https://docs.jax.dev/en/latest/jit-compilation.html) ·
+# [Pallas TPU paged attention](https://docs.jax.dev/en/latest/pallas/tpu/index.html)
+
+# %% tags=["nbval-ignore-output"]
+import matplotlib.pyplot as plt
+import numpy as np
+
+import jaxlab
+from jaxlab.engine.continuous import Engine
+from jaxlab.engine.generate import Generator
+from jaxlab.engine.sampling import SamplingParams
+from jaxlab.lab import batching
+from jaxlab.lab.notebook import check, setup, table, verdict
+from jaxlab.tools.profile import CompileCounter
+
+setup()
+m = jaxlab.load()
+tok = m.tokenizer
+
+# %% [markdown]
+# ## 1 · Where static batching loses time
+#
+# Eight requests arrive over a few steps; each wants a different number of tokens. Below, each row is a
+# *slot* (a row of the decode batch) and each coloured bar one request. **Predict first:** with three slots,
+# how many steps does each policy need for all eight?
+#
+# The picture counts decode steps only (no model): it shows the scheduling alone.
+
+# %%
+requests = [(0, 12), (0, 3), (1, 5), (2, 2), (3, 9), (4, 2), (5, 4), (6, 6)]  # (arrival step, tokens)
+fig = batching.plot_timelines(requests, slots=3)
+plt.show()
+steps = {p: max(b[3] for b in batching.schedule_steps(requests, 3, p)) for p in ("static", "continuous")}
+print(f"static: {steps['static']} steps, continuous: {steps['continuous']} steps")
+
+# %% [markdown]
+# Static batching holds every slot until its batch's longest request ends (the hatched bars), and a request
+# that arrives during a batch waits for the whole batch. Continuous batching hands a slot to the next request
+# the step after its last one finished.
+#
+# That needs each row to have its **own position**: in notebook 05's cache the batch shares one write index
+# (rows are left-padded and move in lockstep), so a new row cannot start in the middle.
+#
+# ## 2 · Pages and the page table
+#
+# `jaxlab.engine.paged` stores keys and values in **pages** of `page_size` positions in one pool per layer,
+# shaped `[kv_heads, num_pages, page_size, head_dim]` (the layout the Pallas TPU paged-attention kernel reads).
+# Each sequence has a **page table**: its position *p* lives in page `table[p // page_size]` at offset
+# `p % page_size`. Pages are taken one at a time as a sequence grows, so a sequence holds at most one
+# partly filled page, and finished sequences give their pages back at once. Page 0 is a *null page* that no
+# sequence owns: padding writes go there.
+#
+# Here is the engine after a few steps with three requests, two of which share a system prompt:
+
+# %%
+engine = Engine(m.params, tok, slots=4, page_size=16, chunk=64, context=256)
+compile_s = engine.warmup()
+print(f"compiled {len(engine.programs)} programs (decode and prefill, {len(engine.widths)} page-table width)")
+
+
+def chat(text, system=None):
+    """A user message (and a system prompt) through the chat template, as token ids."""
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+    return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+
+
+# %% tags=["nbval-ignore-output"]
+system = "You are a helpful assistant. You answer in one short sentence, plainly, without lists. " * 2
+a = engine.add_request(chat("What is the capital of France?", system), max_new_tokens=20, request_id="a")
+b = engine.add_request(chat("Write a haiku about the sea."), max_new_tokens=20, request_id="b")
+engine.step()
+c = engine.add_request(chat("Name a large river.", system), max_new_tokens=20, request_id="c")
+for _ in range(3):
+    engine.step()
+fig, tables = batching.plot_pool(engine, "after 4 steps")
+plt.show()
+print(tables)
+
+# %% [markdown]
+# Request `c` arrived later with the same system prompt as `a`: its first full pages are **the same
+# physical pages** as `a`'s (hatched). That is prefix reuse (section 5).
+#
+# Attention reads a row's keys through its table: the pages are gathered (up to 256 positions at once, then
+# block by block with an online softmax), and a query at position *p* sees positions `0..p`. Is that the same
+# computation as the contiguous cache? On the real model:
+
+# %%
+engine.run()
+prompts = [chat(t) for t in ("What is the capital of France?", "Write a haiku about the sea.", "Why do rivers bend?")]
+with CompileCounter() as cc:
+    paged_out = engine.generate(prompts, max_new_tokens=16, ignore_eos=True)
+contiguous = Generator(m.params, tok).generate(prompts, max_new_tokens=16, ignore_eos=True)
+same = all(p.generated_ids == q.generated_ids for p, q in zip(paged_out, contiguous))
+_ = check("paged engine gives the contiguous cache's greedy tokens", same, "3 prompts, 16 tokens each")
+_ = check("no compilation after warm-up", cc.count == 0)
+
+# %% [markdown]
+# (`tests/engine/test_paged.py` also checks the logits: within 1e-5 of the contiguous cache in float32,
+# int8 pages too.)
+#
+# ## 3 · Batch invariance
+#
+# **Predict:** if the same request runs alone, and then in a crowd where others arrive, leave, and are even
+# *preempted* because the pool is too small, are its tokens the same?
+#
+# They should be, by construction: every row computes only from its own tokens and pages; its random key
+# comes from its own seed and position; prompt chunks start at multiples of `chunk` whatever else runs; and a
+# preempted request is recomputed the way it was computed the first time (prompt chunks, then its generated
+# tokens fed again one decode step each). Greedy and sampled requests, mixed:
+
+# %%
+rng = np.random.default_rng(0)
+crowd = []
+for i in range(4):
+    text = ["Tell me about the moon.", "List three fruits.", "Why is the sky blue?"][i % 3]
+    sp = SamplingParams() if i % 2 == 0 else SamplingParams(temperature=0.8, top_k=40)
+    crowd.append((int(rng.integers(0, 4)), chat(text), int(rng.integers(6, 14)), sp, i))
+
+# 4 slots but 5 pages of 16 positions: four requests of ~40 positions do not fit, so some are preempted
+small = Engine(m.params, tok, slots=4, page_size=16, chunk=64, context=256, num_pages=1 + 5)
+small.warmup(sampling=True)
+streams, step, pending = {}, 0, sorted(crowd, key=lambda r: r[0])
+while pending or small.has_work:
+    while pending and pending[0][0] <= step:
+        _, ids, n, sp, i = pending.pop(0)
+        streams[i] = small.add_request(ids, sp, max_new_tokens=n, seed=i, ignore_eos=True)
+    small.step()
+    step += 1
+alone = []
+for _, ids, n, sp, i in crowd:
+    one = small.add_request(ids, sp, max_new_tokens=n, seed=i, ignore_eos=True)
+    small.run()
+    alone.append(one.token_ids == streams[i].token_ids)
+_ = check("every request's tokens in the crowd equal its tokens alone", all(alone), f"{len(alone)} requests")
+_ = check("the crowd preempted at least one request", small.scheduler.preemptions > 0)
+
+# %% [markdown]
+# (`tests/engine/test_continuous.py` runs this as a property test over random arrival orders, lengths and
+# preemptions.)
+#
+# ## 4 · The claim, measured: a trace of arriving requests
+#
+# > Continuous batching "gives several times the throughput of static batching" (the usual claim for vLLM
+# > and its descendants).
+#
+# A reduced trace (the full one, 64 requests, is `jaxlab bench --trace`): requests arrive at random
+# (Poisson), prompts and outputs long-tailed, EOS ignored so both systems do the same work, arrivals
+# scaled so the offered load is twice what static batching sustained on a warm-up slice. Static = today's
+# `Generator` taking up to 4 waiting requests whenever it is idle; continuous = the engine with 4 slots and
+# the same KV memory. **Predict:** which wins on time to first token, and by how much on throughput?
+
+# %% tags=["nbval-ignore-output"]
+from jaxlab.bench.trace import make_trace
+
+trace = make_trace(seed=1, n=8, prompt=(16, 60), output=(4, 24))
+served = batching.serve_both(m.params, tok, trace, max_batch=4)
+table(
+    [
+        {
+            "policy": name,
+            "tokens/s": served[name]["throughput"],
+            "TTFT p50 (s)": served[name]["ttft_s"]["p50"],
+            "TTFT p99 (s)": served[name]["ttft_s"]["p99"],
+            "TPOT p50 (s)": served[name]["tpot_s"]["p50"],
+        }
+        for name in ("static", "continuous")
+    ],
+    title=f"{served['requests']} requests at {served['offered_tokens_per_s']:.1f} tok/s offered",
+)
+fig = batching.plot_serving(served)
+plt.show()
+speedup = served["throughput_ratio"]
+_ = verdict(
+    "continuous batching gives at least 2x the throughput of static batching",
+    speedup >= 2.0,
+    f"{speedup:.2f}x on this reduced trace (the full trace: jaxlab bench --trace)",
+)
+_ = verdict(
+    "continuous batching gives a lower p99 time to first token",
+    served["continuous"]["ttft_s"]["p99"] < served["static"]["ttft_s"]["p99"],
+)
+
+# %% [markdown]
+# Throughput is output tokens divided by the wall time from the first arrival to the last token. How large
+# the gain is depends on the trace: the more the output lengths vary, the more static batching waits for its
+# longest row. Time per output token is usually *higher* for continuous batching: its steps also carry other
+# requests' prompt chunks (the per-step token budget bounds that).
+#
+# ## 5 · Prefix reuse
+#
+# Many requests start with the same system prompt. A full page of prompt tokens is registered under a hash
+# of its tokens *and every token before it*, so equal hashes mean equal prefixes. A new request reads the
+# pages of its longest registered prefix instead of computing them; pages are reference-counted, and a page
+# no one holds keeps its content until it is handed out again. **Predict:** with 8 requests sharing a
+# system prompt of about 200 tokens and 4 slots, how much sooner does the median request get its first token?
+
+# %% tags=["nbval-ignore-output"]
+import time
+
+sys_prompt = "You are a careful assistant. Answer briefly and precisely, in plain words. " * 12
+asks = [chat(f"Question {i}: name a colour.", sys_prompt) for i in range(8)]
+ttft, outs = {}, {}
+for reuse in (False, True):
+    eng = Engine(m.params, tok, slots=4, context=256, prefix_reuse=reuse)
+    eng.warmup()
+    t0 = time.perf_counter()
+    ss = [eng.add_request(p, max_new_tokens=4, ignore_eos=True) for p in asks]
+    eng.run()
+    ttft[reuse] = [s.first_token_at - t0 for s in ss]
+    outs[reuse] = [s.token_ids for s in ss]
+fig, ax = plt.subplots(figsize=(7, 3))
+ax.plot(sorted(ttft[False]), range(1, 9), "o-", label="reuse off")
+ax.plot(sorted(ttft[True]), range(1, 9), "o-", label="reuse on")
+ax.set_xlabel("time to first token (s)")
+ax.set_ylabel("requests served")
+ax.legend()
+plt.show()
+gain = np.median(ttft[False]) / np.median(ttft[True])
+print(f"p50 TTFT: {np.median(ttft[False]):.2f} s without reuse, {np.median(ttft[True]):.2f} s with it ({gain:.1f}x)")
+_ = verdict("prefix reuse lowers the median time to first token at least 3x", gain >= 3.0, f"{gain:.1f}x")
+
+# %%
+_ = check("prefix reuse gives the same tokens", outs[True] == outs[False], "8 requests")
+
+
+# %% [markdown]
+# ## Summary
+#
+# - A **paged** cache gives every sequence its own positions and memory that grows with its own length; the
+#   attention reads through the page table and computes what the contiguous cache computes.
+# - **Continuous batching** refills the batch between steps: finished requests leave at once, new ones join,
+#   long prompts are prefilled in chunks between decode steps. Compiled shapes stay fixed (slots x page-table
+#   width x chunk), so nothing compiles after warm-up.
+# - A request's tokens do not depend on its neighbours (batch invariance), even across preemption.
+# - **Prefix reuse** computes a shared system prompt once.
+#
+# The engine behind all this is `jaxlab.engine.continuous.Engine`; `jaxlab generate` and `jaxlab chat` run on
+# it, and the server of the next notebooks will too.
+#
+# **Quiz**
+#
+# 1. Why does static batching's time to first token grow with the *longest* output in the batch ahead?
+#    <details><summary>Answer</summary>A request that arrives during a batch waits until every row of it has
+#    finished, and the batch lasts as long as its longest row.</details>
+# 2. A sequence of 100 tokens with pages of 16 positions holds how many pages, and how many slots go unused?
+#    <details><summary>Answer</summary>7 pages (112 slots); 12 unused, all in the last page.</details>
+# 3. Why must the page holding the prompt's *last* token be computed even when it is in the prefix table?
+#    <details><summary>Answer</summary>The first new token is sampled from the logits at that position, and
+#    the cache holds keys and values, not logits.</details>
+#
+# ## Exercises
+#
+# Solutions are in `notebooks/solutions/11_continuous_batching.py`.
+#
+# **1. Read the table.** `my_locate(positions, page_table_row, page_size)`: for each position, return its
+# physical page and its offset in that page (two arrays).
+
+# %%
+def my_locate(positions, page_table_row, page_size):
+    raise NotImplementedError
+
+
+from jaxlab.lab.exercises import nb11
+
+passed = nb11.check_locate(my_locate)
+
+
+# %% [markdown]
+# **2. Reusable pages.** `my_reusable_pages(cached, prompt, page_size)`: how many leading *full* pages of
+# `prompt` equal the same pages of `cached`, never counting the page that holds the prompt's last token.
+
+# %%
+def my_reusable_pages(cached, prompt, page_size):
+    raise NotImplementedError
+
+
+passed = nb11.check_reusable_pages(my_reusable_pages)
+
+
+# %% [markdown]
+# **3. The token budget.** `my_chunks(budget, n_decode, chunk, prompt_left)`: how many prompt chunks one step
+# can prefill when each of `n_decode` sequences also decodes one token, and `prompt_left` prompt tokens remain.
+
+# %%
+def my_chunks(budget, n_decode, chunk, prompt_left):
+    raise NotImplementedError
+
+
+passed = nb11.check_chunks(my_chunks)
+
+# %% [markdown]
+# **An experiment of your own.** Rerun section 4 with `make_trace(..., output=(32, 48))`: outputs of nearly
+# equal length. What happens to the throughput ratio, and why?

@@ -1,0 +1,190 @@
+"""The continuous-batching engine: equal to the contiguous Generator, batch invariant, no compile after warm-up."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from jaxlab.engine.config import tiny
+from jaxlab.engine.continuous import Engine
+from jaxlab.engine.generate import Generator
+from jaxlab.engine.model import init_params
+from jaxlab.engine.sampling import SamplingParams
+from jaxlab.errors import InvalidRequestError
+from jaxlab.tools.profile import CompileCounter
+
+
+@pytest.fixture(scope="module")
+def tiny_params():
+    return init_params(tiny(), 7)
+
+
+def tiny_engine(params, **kw):
+    opts = dict(slots=3, page_size=4, chunk=8, context=64)
+    opts.update(kw)
+    return Engine(params, **opts)
+
+
+def alone(params, prompt, n, sampling=None, seed=0, **kw):
+    eng = tiny_engine(params, **kw)
+    s = eng.add_request(prompt, sampling, max_new_tokens=n, seed=seed, ignore_eos=True)
+    eng.run()
+    return s.token_ids
+
+
+def test_tiny_engine_equals_the_contiguous_generator(tiny_params):
+    prompts = [[1, 5, 9, 33, 7, 80, 12, 19, 20, 21, 22], [1, 44], [1] + list(range(100, 130))]
+    want = [r.generated_ids for r in Generator(tiny_params).generate(prompts, 12, ignore_eos=True)]
+    eng = tiny_engine(tiny_params)
+    got = [r.generated_ids for r in eng.generate(prompts, 12, ignore_eos=True)]
+    assert got == want
+
+
+def random_mix(rng, n):
+    """n requests: (arrival step, prompt, new tokens, sampling, seed)."""
+    out = []
+    for i in range(n):
+        prompt = [1] + [rng.randrange(3, 263) for _ in range(rng.randrange(1, 30))]
+        sp = SamplingParams() if rng.random() < 0.5 else SamplingParams(temperature=0.9, top_k=20)
+        out.append((rng.randrange(0, 12), prompt, rng.randrange(1, 16), sp, i))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_batch_invariance_under_random_arrivals_and_preemptions(tiny_params, seed):
+    """Each request's tokens through a crowded engine (arrivals at random steps, a pool small enough to
+    preempt) equal its tokens alone through the same kind of engine; greedy and sampled requests mixed."""
+    rng = random.Random(seed)
+    mix = random_mix(rng, 9)
+    eng = tiny_engine(tiny_params, num_pages=1 + 12)  # 12 pages of 4: three long requests do not fit at once
+    streams, step = {}, 0
+    pending = sorted(mix, key=lambda m: m[0])
+    while pending or eng.has_work:
+        while pending and pending[0][0] <= step:
+            _, prompt, n, sp, i = pending.pop(0)
+            streams[i] = eng.add_request(prompt, sp, max_new_tokens=n, seed=i, ignore_eos=True)
+        eng.step()
+        step += 1
+        assert step < 3000
+    assert eng.scheduler.preemptions > 0, "the mix was meant to preempt"
+    for _, prompt, n, sp, i in mix:
+        assert streams[i].token_ids == alone(tiny_params, prompt, n, sp, seed=i), f"request {i}"
+        assert len(streams[i].token_ids) == n and streams[i].finish_reason == "length"
+    assert eng.pool.free_count == eng.pool.capacity
+
+
+def test_prefix_reuse_gives_the_same_tokens_and_computes_less(tiny_params):
+    system = [1] + list(range(50, 70))  # 21 tokens: 5 full pages of 4
+    prompts = [system + [200 + i, 201 + i] for i in range(4)]
+    results = {}
+    for reuse in (False, True):
+        eng = tiny_engine(tiny_params, prefix_reuse=reuse, slots=2)
+        streams = [eng.add_request(p, max_new_tokens=6, ignore_eos=True) for p in prompts]
+        eng.run()
+        results[reuse] = ([s.token_ids for s in streams], eng.pool.reused_pages)
+    assert results[True][0] == results[False][0]
+    # requests 1 and 2 start together, but 2 waits while 1 computes the system prompt: 2, 3 and 4 read its 5 pages
+    assert results[False][1] == 0 and results[True][1] == 3 * 5
+
+
+def test_no_compilation_after_warmup_under_any_mix(tiny_params):
+    eng = tiny_engine(tiny_params)
+    eng.warmup(sampling=True)
+    with CompileCounter() as cc:
+        rng = random.Random(5)
+        for _, prompt, n, sp, i in random_mix(rng, 6):
+            eng.add_request(prompt, sp, max_new_tokens=n, seed=i)
+        eng.step()
+        eng.abort("2")
+        eng.add_request([1] * 50, max_new_tokens=10)  # a long prompt: wider page tables, several chunks
+        eng.run()
+    assert cc.count == 0, cc.names
+
+
+def test_abort_frees_the_slot_and_pages_at_once(tiny_params):
+    eng = tiny_engine(tiny_params, slots=1)
+    a = eng.add_request([1, 2, 3, 4, 5, 6], max_new_tokens=30, ignore_eos=True)
+    b = eng.add_request([1, 9], max_new_tokens=2, ignore_eos=True)
+    eng.step()
+    eng.step()
+    assert eng.scheduler.running[0].id == a.request_id and eng.pool.used > 0
+    assert eng.abort(a.request_id) and not eng.abort("no such request")
+    assert a.finished and a.finish_reason == "abort" and eng.pool.used == 0
+    eng.step()
+    assert eng.scheduler.running and eng.scheduler.running[0].id == b.request_id
+    eng.run()
+    assert b.finish_reason == "length" and len(b.token_ids) == 2
+
+
+def test_bad_requests_say_what_to_do(tiny_params):
+    eng = tiny_engine(tiny_params)
+    with pytest.raises(InvalidRequestError, match="empty"):
+        eng.add_request([], max_new_tokens=3)
+    with pytest.raises(InvalidRequestError, match="at most 64"):
+        eng.add_request([1] * 60, max_new_tokens=10)
+    eng.add_request([1, 2], request_id="x")
+    with pytest.raises(InvalidRequestError, match="already running"):
+        eng.add_request([1, 2], request_id="x")
+    with pytest.raises(InvalidRequestError, match="context"):
+        Engine(tiny_params, context=10_000)
+    assert eng.has_work  # the failed requests left nothing behind but the one accepted
+
+
+# --------------------------------------------------------------------------------------------------
+# The real model
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engine(smollm):
+    eng = Engine(smollm.params, smollm.tokenizer, slots=4, page_size=16, chunk=64, context=512)
+    eng.warmup()
+    return eng
+
+
+def test_real_model_greedy_tokens_equal_the_generator(engine, generator, smollm):
+    tok = smollm.tokenizer
+    texts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a land far away, there lived"]
+    prompts = [tok.encode(t) for t in texts]
+    want = generator.generate(prompts, max_new_tokens=16, ignore_eos=True)
+    with CompileCounter() as cc:
+        got = engine.generate(prompts, max_new_tokens=16, ignore_eos=True)
+    assert cc.count == 0
+    for w, g in zip(want, got):
+        assert g.generated_ids == w.generated_ids and g.text == w.text
+
+
+def test_real_model_streams_text_and_stops(engine, smollm):
+    tok = smollm.tokenizer
+    s = engine.add_request(tok.encode("The capital of France is"), max_new_tokens=24, stop=["."])
+    pieces = list(s)
+    assert "".join(pieces) == s.text and "Paris" in s.text and "." not in s.text
+    assert s.finish_reason == "stop" and s.first_token_at is not None
+
+
+def test_real_model_logits_equal_the_contiguous_cache(smollm):
+    """Logits within 1e-5 (float32) of the contiguous cache for a prompt and decode steps on the real weights."""
+    import jax.numpy as jnp
+
+    from jaxlab.engine.kvcache import init_cache
+    from jaxlab.engine.model import forward
+    from jaxlab.engine.paged import init_paged_cache
+
+    params = smollm.params
+    ids = smollm.tokenizer.encode("The quick brown fox jumps over the lazy dog because")
+    n = len(ids)
+    ref_cache = init_cache(params.config, 1, 256)
+    pcache = init_paged_cache(params.config, 17, 16).with_table(np.asarray([list(range(16, 0, -1))]))
+    pos = jnp.arange(n)[None]
+    ref, ref_cache = forward(params, jnp.asarray([ids]), pos, ref_cache, last_only=True)
+    got, pcache = forward(params, jnp.asarray([ids]), pos, pcache, last_only=True)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=1e-5, rtol=0)
+    tok = jnp.argmax(ref[:, 0], -1)
+    for i in range(3):
+        p = jnp.asarray([[n + i]])
+        ref, ref_cache = forward(params, tok[:, None], p, ref_cache, last_only=True)
+        got, pcache = forward(params, tok[:, None], p, pcache, last_only=True)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=1e-5, rtol=0)
+        tok = jnp.argmax(ref[:, 0], -1)

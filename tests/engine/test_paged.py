@@ -1,0 +1,128 @@
+"""The paged KV cache computes what the contiguous cache computes: the same forward, pages read through a table."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxlab.engine import paged
+from jaxlab.engine.config import tiny
+from jaxlab.engine.kvcache import cache_bytes, init_cache, left_pad
+from jaxlab.engine.model import forward, init_params
+from jaxlab.engine.paged import PagedKVCache, init_paged_cache, paged_cache_bytes
+
+
+def contiguous_logits(params, prompts, steps, dtype=jnp.float32):
+    """Prefill (left-padded) then ``steps`` greedy decode steps with the contiguous cache -> [B, 1 + steps, V]."""
+    cfg = params.config
+    tokens, positions = left_pad(prompts, cfg.pad_id)
+    cache = init_cache(cfg, len(prompts), 64, dtype)
+    logits, cache = forward(params, jnp.asarray(tokens), jnp.asarray(positions), cache, last_only=True)
+    out = [logits[:, 0]]
+    pos = jnp.asarray([len(p) for p in prompts])
+    for _ in range(steps):
+        nxt = jnp.argmax(out[-1], -1)
+        logits, cache = forward(params, nxt[:, None], pos[:, None], cache, last_only=True)
+        out.append(logits[:, 0])
+        pos = pos + 1
+    return jnp.stack(out, 1)
+
+
+def paged_logits(params, prompts, steps, page_size, width, dtype=jnp.float32, seed=0):
+    """The same with a paged cache: each row's pages scattered at random over the pool; prompts prefilled
+    row by row in one call each (right-aligned in a chunk of the longest length), then decode steps for all rows."""
+    cfg = params.config
+    rng = np.random.default_rng(seed)
+    per_row = width // page_size
+    pool = 1 + len(prompts) * per_row
+    order = rng.permutation(np.arange(1, pool)).reshape(len(prompts), per_row)
+    cache = init_paged_cache(cfg, pool, page_size, dtype=dtype)
+    longest = max(len(p) for p in prompts)
+    firsts = []
+    for r, p in enumerate(prompts):
+        tokens = np.zeros((1, longest), np.int32)
+        positions = np.full((1, longest), -1, np.int32)
+        tokens[0, longest - len(p) :] = p
+        positions[0, longest - len(p) :] = np.arange(len(p))
+        logits, cache = forward(
+            params, jnp.asarray(tokens), jnp.asarray(positions), cache.with_table(order[r : r + 1]), last_only=True
+        )
+        firsts.append(logits[0, 0])
+    out = [jnp.stack(firsts)]
+    cache = cache.with_table(order)
+    pos = jnp.asarray([len(p) for p in prompts])
+    for _ in range(steps):
+        nxt = jnp.argmax(out[-1], -1)
+        logits, cache = forward(params, nxt[:, None], pos[:, None], cache, last_only=True)
+        out.append(logits[:, 0])
+        pos = pos + 1
+    return jnp.stack(out, 1)
+
+
+PROMPTS = [[1, 5, 9, 33, 7, 80, 12], [1, 44], [1, 3, 3, 3, 90, 100, 200, 201, 17, 4, 4, 60, 61]]
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_paged_equals_contiguous_float32(page_size):
+    params = init_params(tiny(), 0)
+    ref = contiguous_logits(params, PROMPTS, 6)
+    got = paged_logits(params, PROMPTS, 6, page_size, width=32)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=1e-5, rtol=0)
+    assert (np.argmax(got, -1) == np.argmax(ref, -1)).all()
+
+
+def test_int8_pages_equal_the_int8_contiguous_cache():
+    params = init_params(tiny(), 1)
+    ref = contiguous_logits(params, PROMPTS, 4, jnp.int8)
+    got = paged_logits(params, PROMPTS, 4, 4, width=32, dtype=jnp.int8)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=1e-5, rtol=0)
+
+
+def test_reading_in_blocks_equals_one_read(monkeypatch):
+    """A table wider than BLOCK_TOKENS is read block by block with an online softmax: the same logits."""
+    params = init_params(tiny(), 2)
+    one = paged_logits(params, PROMPTS, 3, 4, width=32)
+    monkeypatch.setattr(paged, "BLOCK_TOKENS", 8)  # 4 blocks of 2 pages
+    blocks = paged_logits(params, PROMPTS, 3, 4, width=32)
+    np.testing.assert_allclose(np.asarray(blocks), np.asarray(one), atol=1e-5, rtol=0)
+    monkeypatch.setattr(paged, "BLOCK_TOKENS", 12)  # 3 pages per block do not divide 8
+    with pytest.raises(ValueError, match="multiple"):
+        paged_logits(params, PROMPTS, 1, 4, width=32)
+
+
+def test_padding_writes_only_the_null_page():
+    params = init_params(tiny(), 3)
+    cfg = params.config
+    cache = init_paged_cache(cfg, 5, 4, rows=2, pages_per_row=2)
+    cache = cache.with_table(np.asarray([[1, 2], [3, 4]]))
+    tokens = jnp.asarray([[0, 0, 7, 8], [5, 6, 7, 8]])
+    positions = jnp.asarray([[-1, -1, 0, 1], [-1, -1, -1, -1]])  # row 1 is idle
+    _, cache = forward(params, tokens, positions, cache, last_only=True)
+    k = np.asarray(cache.k[0])  # [KVH, pages, page_size, Hd]
+    assert np.abs(k[:, 1, :2]).sum() > 0 and np.abs(k[:, 1, 2:]).sum() == 0  # row 0's two tokens, page 1
+    assert np.abs(k[:, 2:]).sum() == 0  # nothing else but the null page
+    assert np.abs(k[:, 0]).sum() > 0
+
+
+def test_bytes_and_shapes():
+    cfg = tiny()
+    c = init_paged_cache(cfg, 9, 4, rows=3, pages_per_row=2, dtype=jnp.int8)
+    assert isinstance(c, PagedKVCache) and c.quantized and c.width == 8 and c.rows == 3
+    assert c.nbytes() == paged_cache_bytes(cfg, 9, 4, jnp.int8)
+    assert paged_cache_bytes(cfg, 1 + 2 * 8, 4) == cache_bytes(cfg, 2, 32) + cache_bytes(cfg, 1, 4)  # + null page
+    assert c.k[0].shape == (cfg.n_kv_heads, 9, 4, cfg.head_dim)
+    with pytest.raises(ValueError, match="float type or int8"):
+        init_paged_cache(cfg, 3, 4, dtype=jnp.int32)
+
+
+def test_jit_with_a_donated_paged_cache():
+    params = init_params(tiny(), 4)
+    cfg = params.config
+    cache = init_paged_cache(cfg, 9, 4, rows=1, pages_per_row=4).with_table(np.asarray([[3, 1, 8, 2]]))
+    step = jax.jit(lambda p, t, pos, c: forward(p, t, pos, c, last_only=True), donate_argnums=(3,))
+    tokens = jnp.asarray([[1, 5, 9, 33, 7]])
+    logits, cache = step(params, tokens, jnp.arange(5)[None], cache)
+    ref = contiguous_logits(params, [[1, 5, 9, 33, 7]], 0)
+    np.testing.assert_allclose(np.asarray(logits[:, 0]), np.asarray(ref[:, 0]), atol=1e-5)
