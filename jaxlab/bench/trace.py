@@ -36,7 +36,7 @@ from jaxlab.bench.stats import ratio, summarize
 TRACE = {"requests": 64, "prompt": (16, 512), "output": (8, 256), "max_batch": 8, "load": 2.0}
 QUICK_TRACE = {"requests": 6, "prompt": (8, 40), "output": (2, 12), "max_batch": 3, "load": 2.0}
 STEP_SHAPES = {"batches": (1, 8, 32), "contexts": (256, 1024), "steps": 4}
-QUICK_STEP_SHAPES = {"batches": (1, 2), "contexts": (256,), "steps": 2}
+QUICK_STEP_SHAPES = {"batches": (1,), "contexts": (256,), "steps": 2}
 PREFIX = {"requests": 32, "system": 400, "slots": 8, "new_tokens": 8}
 QUICK_PREFIX = {"requests": 4, "system": 40, "slots": 2, "new_tokens": 2}
 

@@ -30,9 +30,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxlab.engine import paged
 from jaxlab.engine.generate import GenerationResult, TextStops
 from jaxlab.engine.model import Params
-from jaxlab.engine.paged import BLOCK_TOKENS, init_paged_cache
+from jaxlab.engine.paged import init_paged_cache
 from jaxlab.engine.pages import PagePool
 from jaxlab.engine.plan import check_request
 from jaxlab.engine.programs import Programs
@@ -104,7 +105,7 @@ class _Request:
 def _widths(context: int, page_size: int) -> tuple[int, ...]:
     """Page-table widths in positions: one block (:data:`~jaxlab.engine.paged.BLOCK_TOKENS`), doubled up to
     ``context`` (each a whole number of blocks and pages)."""
-    first = max(BLOCK_TOKENS, page_size)
+    first = max(paged.BLOCK_TOKENS, page_size)
     out, w = [], first
     while w < context:
         out.append(w)
@@ -221,10 +222,12 @@ class Engine:
         raise InvalidRequestError(f"{positions} positions exceed the engine's context {self.context}")
 
     def _table(self, seqs: Sequence[Seq | None], width: int) -> np.ndarray:
-        table = np.zeros((len(seqs), width // self.page_size), np.int32)
+        per_row = width // self.page_size
+        table = np.zeros((len(seqs), per_row), np.int32)
         for r, seq in enumerate(seqs):
-            if seq is not None:
-                table[r, : len(seq.pages)] = seq.pages
+            if seq is not None:  # a row may already hold pages for a later chunk of this step: not read now
+                pages = seq.pages[:per_row]
+                table[r, : len(pages)] = pages
         return table
 
     def _sampling(self, reqs: Sequence[_Request | None]):

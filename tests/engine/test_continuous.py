@@ -188,3 +188,17 @@ def test_real_model_logits_equal_the_contiguous_cache(smollm):
         got, pcache = forward(params, tok[:, None], p, pcache, last_only=True)
         np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=1e-5, rtol=0)
         tok = jnp.argmax(ref[:, 0], -1)
+
+
+def test_chunks_of_one_step_may_cross_page_table_widths(tiny_params, monkeypatch):
+    """Several chunks of one long prompt in one step, the later ones past the first chunk's table width: each
+    call reads the table as wide as its own chunk needs (the pages taken for the later chunks are not read)."""
+    from jaxlab.engine import paged
+
+    monkeypatch.setattr(paged, "BLOCK_TOKENS", 16)  # widths 16, 32, 64
+    prompt = [1] + list(range(30, 69))  # 40 tokens: chunks [0,8) ... [32,40), four per step
+    eng = tiny_engine(tiny_params, slots=2, token_budget=2 + 32)
+    assert eng.widths == (16, 32, 64)
+    got = eng.generate([prompt], max_new_tokens=6, ignore_eos=True)[0].generated_ids
+    want = Generator(tiny_params).generate([prompt], 6, ignore_eos=True)[0].generated_ids
+    assert got == want
