@@ -14,13 +14,10 @@ from jaxlab.engine.model import forward, init_params
 from jaxlab.engine.paged import PagedKVCache, init_paged_cache, paged_cache_bytes
 
 
-def contiguous_logits(params, prompts, steps, dtype=jnp.float32):
-    """Prefill (left-padded) then ``steps`` greedy decode steps with the contiguous cache -> [B, 1 + steps, V]."""
-    cfg = params.config
-    tokens, positions = left_pad(prompts, cfg.pad_id)
-    cache = init_cache(cfg, len(prompts), 64, dtype)
-    logits, cache = forward(params, jnp.asarray(tokens), jnp.asarray(positions), cache, last_only=True)
-    out = [logits[:, 0]]
+def greedy_steps(params, first, prompts, cache, steps):
+    """``steps`` greedy decode steps after the prompts' last logits ``first`` [B, V], with either cache ->
+    [B, 1 + steps, V] (the first logits included)."""
+    out = [first]
     pos = jnp.asarray([len(p) for p in prompts])
     for _ in range(steps):
         nxt = jnp.argmax(out[-1], -1)
@@ -28,6 +25,15 @@ def contiguous_logits(params, prompts, steps, dtype=jnp.float32):
         out.append(logits[:, 0])
         pos = pos + 1
     return jnp.stack(out, 1)
+
+
+def contiguous_logits(params, prompts, steps, dtype=jnp.float32):
+    """Prefill (left-padded) then ``steps`` greedy decode steps with the contiguous cache -> [B, 1 + steps, V]."""
+    cfg = params.config
+    tokens, positions = left_pad(prompts, cfg.pad_id)
+    cache = init_cache(cfg, len(prompts), 64, dtype)
+    logits, cache = forward(params, jnp.asarray(tokens), jnp.asarray(positions), cache, last_only=True)
+    return greedy_steps(params, logits[:, 0], prompts, cache, steps)
 
 
 def paged_logits(params, prompts, steps, page_size, width, dtype=jnp.float32, seed=0):
@@ -50,15 +56,7 @@ def paged_logits(params, prompts, steps, page_size, width, dtype=jnp.float32, se
             params, jnp.asarray(tokens), jnp.asarray(positions), cache.with_table(order[r : r + 1]), last_only=True
         )
         firsts.append(logits[0, 0])
-    out = [jnp.stack(firsts)]
-    cache = cache.with_table(order)
-    pos = jnp.asarray([len(p) for p in prompts])
-    for _ in range(steps):
-        nxt = jnp.argmax(out[-1], -1)
-        logits, cache = forward(params, nxt[:, None], pos[:, None], cache, last_only=True)
-        out.append(logits[:, 0])
-        pos = pos + 1
-    return jnp.stack(out, 1)
+    return greedy_steps(params, jnp.stack(firsts), prompts, cache.with_table(order), steps)
 
 
 PROMPTS = [[1, 5, 9, 33, 7, 80, 12], [1, 44], [1, 3, 3, 3, 90, 100, 200, 201, 17, 4, 4, 60, 61]]
