@@ -7,7 +7,7 @@ Hugging Face layout).
 Parity figures recorded with the ``parity`` fixture are printed at the end of the run.
 
 One persistent compilation cache serves the whole run (``JAXLAB_COMPILE_CACHE``, unless set): a folder made
-empty for this run, so a run on a fresh machine and a run here cost the same, and the user's cache
+empty for this run (by the controller of a ``pytest -n 2`` run, whose workers share it), so a run on a fresh machine and a run here cost the same, and the user's cache
 (``~/.cache/jaxlab/jax``) is neither read nor written. This process turns it on at once; the command-line
 subprocesses, the exported-program children and the notebooks' kernels inherit the variable. A program
 compiled once (a Generator's prefill, a quantized decode step) is then loaded, not compiled again, by every
@@ -37,12 +37,34 @@ if "JAXLAB_COMPILE_CACHE" not in os.environ:
 
 @pytest.fixture(scope="session", autouse=True)
 def shared_compile_cache():
-    """The run's persistent compilation cache, on in this process; removed at the end when this run made it."""
+    """The run's persistent compilation cache, on in this process (each worker's, under pytest-xdist)."""
     from jaxlab.tools import compile_cache
 
-    yield compile_cache.enable()
+    return compile_cache.enable()
+
+
+def pytest_unconfigure(config):
+    """The cache folder goes when the process that made it ends: the only process of a plain run, the controller
+    of an xdist run (its workers inherit the variable, so they share the folder and never made one)."""
     if _OWN_COMPILE_CACHE:
         shutil.rmtree(_OWN_COMPILE_CACHE, ignore_errors=True)
+
+
+@functools.cache
+def _jitted_forward():
+    import jax
+
+    from jaxlab.engine.model import forward
+
+    return jax.jit(forward, static_argnames=("last_only", "upto", "reduce"))
+
+
+def jit_forward(*args, **kwargs):
+    """``jaxlab.engine.model.forward`` under ``jit``: one compilation per shape instead of one per operation, as
+    running it eagerly costs (tens of seconds for a few decode steps of the tiny model). A test that changes a
+    module global the pass reads (a monkeypatched constant) runs ``forward`` eagerly instead: a jitted trace
+    of the same shapes is reused and would not see the change."""
+    return _jitted_forward()(*args, **kwargs)
 
 
 _PARITY: list[str] = []
@@ -181,6 +203,17 @@ def hf_llama_tensors(hf_config: dict, rng) -> dict:
 def parity():
     """parity(line): record a measured parity figure for the end-of-run summary."""
     return _PARITY.append
+
+
+def pytest_sessionfinish(session):
+    """Under pytest-xdist, a worker hands its parity lines to the controller, which prints the summary."""
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["parity"] = list(_PARITY)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    _PARITY.extend(getattr(node, "workeroutput", {}).get("parity", []))
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -167,9 +167,9 @@ def test_real_model_streams_text_and_stops(engine, smollm):
 def test_real_model_logits_equal_the_contiguous_cache(smollm):
     """Logits within 1e-5 (float32) of the contiguous cache for a prompt and decode steps on the real weights."""
     import jax.numpy as jnp
+    from conftest import jit_forward as forward
 
     from jaxlab.engine.kvcache import init_cache
-    from jaxlab.engine.model import forward
     from jaxlab.engine.paged import init_paged_cache
 
     params = smollm.params

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import jit_forward
 
 import jaxlab
 from jaxlab.engine.kvcache import init_cache, left_pad
@@ -14,8 +15,6 @@ from jaxlab.engine.model import forward, init_params, params_from_flat
 from jaxlab.errors import ConfigError
 
 PROMPTS = [[1, 5, 7, 9, 11], [1, 20, 30], [1, 40, 41, 42, 43, 44, 45]]
-
-jit_forward = jax.jit(forward, static_argnames=("last_only", "upto", "reduce"))
 
 
 @pytest.fixture(scope="module")

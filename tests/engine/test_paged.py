@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import jit_forward
 
 from jaxlab.engine import paged
 from jaxlab.engine.config import tiny
@@ -14,29 +17,29 @@ from jaxlab.engine.model import forward, init_params
 from jaxlab.engine.paged import PagedKVCache, init_paged_cache, paged_cache_bytes
 
 
-def greedy_steps(params, first, prompts, cache, steps):
+def greedy_steps(params, first, prompts, cache, steps, fwd=jit_forward):
     """``steps`` greedy decode steps after the prompts' last logits ``first`` [B, V], with either cache ->
-    [B, 1 + steps, V] (the first logits included)."""
+    [B, 1 + steps, V] (the first logits included). ``fwd``: the forward pass (jitted, or ``forward`` eagerly)."""
     out = [first]
     pos = jnp.asarray([len(p) for p in prompts])
     for _ in range(steps):
         nxt = jnp.argmax(out[-1], -1)
-        logits, cache = forward(params, nxt[:, None], pos[:, None], cache, last_only=True)
+        logits, cache = fwd(params, nxt[:, None], pos[:, None], cache, last_only=True)
         out.append(logits[:, 0])
         pos = pos + 1
     return jnp.stack(out, 1)
 
 
-def contiguous_logits(params, prompts, steps, dtype=jnp.float32):
+def contiguous_logits(params, prompts, steps, dtype=jnp.float32, fwd=jit_forward):
     """Prefill (left-padded) then ``steps`` greedy decode steps with the contiguous cache -> [B, 1 + steps, V]."""
     cfg = params.config
     tokens, positions = left_pad(prompts, cfg.pad_id)
     cache = init_cache(cfg, len(prompts), 64, dtype)
-    logits, cache = forward(params, jnp.asarray(tokens), jnp.asarray(positions), cache, last_only=True)
-    return greedy_steps(params, logits[:, 0], prompts, cache, steps)
+    logits, cache = fwd(params, jnp.asarray(tokens), jnp.asarray(positions), cache, last_only=True)
+    return greedy_steps(params, logits[:, 0], prompts, cache, steps, fwd)
 
 
-def paged_logits(params, prompts, steps, page_size, width, dtype=jnp.float32, seed=0):
+def paged_logits(params, prompts, steps, page_size, width, dtype=jnp.float32, seed=0, fwd=jit_forward):
     """The same with a paged cache: each row's pages scattered at random over the pool; prompts prefilled
     row by row in one call each (right-aligned in a chunk of the longest length), then decode steps for all rows."""
     cfg = params.config
@@ -52,11 +55,11 @@ def paged_logits(params, prompts, steps, page_size, width, dtype=jnp.float32, se
         positions = np.full((1, longest), -1, np.int32)
         tokens[0, longest - len(p) :] = p
         positions[0, longest - len(p) :] = np.arange(len(p))
-        logits, cache = forward(
+        logits, cache = fwd(
             params, jnp.asarray(tokens), jnp.asarray(positions), cache.with_table(order[r : r + 1]), last_only=True
         )
         firsts.append(logits[0, 0])
-    return greedy_steps(params, jnp.stack(firsts), prompts, cache.with_table(order), steps)
+    return greedy_steps(params, jnp.stack(firsts), prompts, cache.with_table(order), steps, fwd)
 
 
 PROMPTS = [[1, 5, 9, 33, 7, 80, 12], [1, 44], [1, 3, 3, 3, 90, 100, 200, 201, 17, 4, 4, 60, 61]]
@@ -78,16 +81,22 @@ def test_int8_pages_equal_the_int8_contiguous_cache():
     np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=1e-5, rtol=0)
 
 
+def fresh_jit():
+    """``forward`` jitted anew: a trace of its own, which sees module constants as they are now (a shared jitted
+    ``forward`` reuses its trace for the same shapes and would not see a monkeypatched constant)."""
+    return jax.jit(functools.partial(forward), static_argnames=("last_only", "upto", "reduce"))
+
+
 def test_reading_in_blocks_equals_one_read(monkeypatch):
     """A table wider than BLOCK_TOKENS is read block by block with an online softmax: the same logits."""
     params = init_params(tiny(), 2)
-    one = paged_logits(params, PROMPTS, 3, 4, width=32)
+    one = paged_logits(params, PROMPTS, 3, 4, width=32, fwd=fresh_jit())
     monkeypatch.setattr(paged, "BLOCK_TOKENS", 8)  # 4 blocks of 2 pages
-    blocks = paged_logits(params, PROMPTS, 3, 4, width=32)
+    blocks = paged_logits(params, PROMPTS, 3, 4, width=32, fwd=fresh_jit())
     np.testing.assert_allclose(np.asarray(blocks), np.asarray(one), atol=1e-5, rtol=0)
     monkeypatch.setattr(paged, "BLOCK_TOKENS", 12)  # 3 pages per block do not divide 8
     with pytest.raises(ValueError, match="multiple"):
-        paged_logits(params, PROMPTS, 1, 4, width=32)
+        paged_logits(params, PROMPTS, 1, 4, width=32, fwd=fresh_jit())
 
 
 def test_padding_writes_only_the_null_page():
@@ -97,7 +106,7 @@ def test_padding_writes_only_the_null_page():
     cache = cache.with_table(np.asarray([[1, 2], [3, 4]]))
     tokens = jnp.asarray([[0, 0, 7, 8], [5, 6, 7, 8]])
     positions = jnp.asarray([[-1, -1, 0, 1], [-1, -1, -1, -1]])  # row 1 is idle
-    _, cache = forward(params, tokens, positions, cache, last_only=True)
+    _, cache = jit_forward(params, tokens, positions, cache, last_only=True)
     k = np.asarray(cache.k[0])  # [KVH, pages, page_size, Hd]
     assert np.abs(k[:, 1, :2]).sum() > 0 and np.abs(k[:, 1, 2:]).sum() == 0  # row 0's two tokens, page 1
     assert np.abs(k[:, 2:]).sum() == 0  # nothing else but the null page
