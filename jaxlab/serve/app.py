@@ -1,0 +1,312 @@
+"""The HTTP face: an OpenAI-compatible ASGI app (Starlette) over the continuous-batching engine.
+
+Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, ``GET /health``,
+``GET /metrics`` (Prometheus text) and the chat page at ``/``. Every error is a JSON body in OpenAI's shape
+with its status (:mod:`jaxlab.serve.protocol`); the server keeps serving after each.
+
+Limits, each checked before a request reaches the engine: the body size (413), the API key when one is set
+(401), a per-key rate limit when one is set (429 with ``Retry-After``), draining after SIGTERM (503). A request
+that runs past the request timeout is aborted and answered 504 (the server gave up waiting for its own
+engine, the meaning of "gateway timeout"; 408 would blame the client). A client that disconnects has its
+request aborted: slot and pages free before the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+from dataclasses import dataclass
+from importlib import resources
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from jaxlab.serve import protocol
+from jaxlab.serve.metrics import Metrics
+from jaxlab.serve.protocol import ApiError
+from jaxlab.serve.worker import EngineWorker
+
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "abort": "abort"}
+
+
+@dataclass
+class ServeOptions:
+    model_name: str = "smollm2-135m"
+    api_key: str | None = None
+    rate_limit: float | None = None  # requests per minute per key (or per client address without a key)
+    max_body_bytes: int = 1 << 20
+    request_timeout: float = 600.0
+    grace_seconds: float = 10.0  # after SIGTERM: in-flight requests may finish for this long
+
+
+class RateLimiter:
+    """A token bucket per key: ``per_minute`` requests a minute, bursts up to that many."""
+
+    def __init__(self, per_minute: float):
+        self.per_minute, self.rate, self.capacity = per_minute, per_minute / 60.0, max(1.0, per_minute)
+        self.buckets: dict[str, tuple[float, float]] = {}
+
+    def take(self, key: str) -> float:
+        """0 if the request may go, else the seconds until it may."""
+        now = time.monotonic()
+        tokens, last = self.buckets.get(key, (self.capacity, now))
+        tokens = min(self.capacity, tokens + (now - last) * self.rate)
+        if tokens >= 1:
+            self.buckets[key] = (tokens - 1, now)
+            return 0.0
+        self.buckets[key] = (tokens, now)
+        return (1 - tokens) / self.rate
+
+
+def error_response(e: ApiError, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+
+class Server:
+    """The app's state: the engine's worker, the tokenizer, the limits and the metrics."""
+
+    def __init__(self, engine, options: ServeOptions):
+        self.engine, self.options = engine, options
+        self.tokenizer, self.config = engine.tokenizer, engine.config
+        self.metrics = Metrics(engine)
+        self.worker = EngineWorker(engine, on_finish=self.metrics.finished, on_step=self.metrics.step)
+        self.limiter = RateLimiter(options.rate_limit) if options.rate_limit else None
+        self.draining = False
+        self.started = time.time()
+
+    # ---- checks every request passes ---------------------------------------------------------------
+
+    def _key(self, request: Request) -> str:
+        auth = request.headers.get("authorization", "")
+        return auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+
+    def guard(self, request: Request) -> None:
+        if self.draining:
+            raise ApiError(503, "the server is shutting down: retry on another instance", type="unavailable")
+        if not self.worker.alive:
+            raise ApiError(503, f"the engine stopped ({self.worker.error!r}): restart the server", type="server_error")
+        key = self._key(request)
+        if self.options.api_key is not None and not hmac.compare_digest(key, self.options.api_key):
+            raise ApiError(
+                401,
+                "missing or wrong API key: send 'Authorization: Bearer <key>' with the key the server was started with",
+                type="authentication_error",
+                code="invalid_api_key",
+            )
+        if self.limiter is not None:
+            who = key or (request.client.host if request.client else "?")
+            wait = self.limiter.take(who)
+            if wait > 0:
+                e = ApiError(
+                    429,
+                    f"rate limit of {self.limiter.per_minute:g} requests per minute reached: retry in {wait:.1f} s",
+                    type="rate_limit_error",
+                    code="rate_limit_exceeded",
+                )
+                e.retry_after = max(1, int(wait + 0.999))
+                raise e
+
+    async def body(self, request: Request) -> dict:
+        limit = self.options.max_body_bytes
+        declared = request.headers.get("content-length")
+        too_big = ApiError(413, f"the request body is over {limit} bytes: send a shorter one", code="body_too_large")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise too_big
+        raw = bytearray()
+        async for part in request.stream():
+            raw += part
+            if len(raw) > limit:
+                raise too_big
+        return protocol.parse_json(bytes(raw))
+
+    # ---- generation --------------------------------------------------------------------------------
+
+    def parse(self, body: dict, kind: str) -> protocol.Request:
+        return protocol.parse_request(
+            body,
+            kind,
+            model_name=self.options.model_name,
+            tokenizer=self.tokenizer,
+            context=self.engine.context,
+            vocab_size=self.config.vocab_size,
+        )
+
+    def submit(self, req: protocol.Request) -> asyncio.Queue:
+        self.metrics.started(req)
+        return self.worker.submit(
+            req.id,
+            req.prompt_ids,
+            sampling=req.sampling,
+            max_new_tokens=req.max_tokens,
+            seed=req.seed,
+            stop=req.stop,
+            ignore_eos=req.ignore_eos,
+            logprobs=req.logprobs,
+        )
+
+    async def next_delta(self, req, out: asyncio.Queue, request: Request, deadline: float):
+        """The request's next :class:`~jaxlab.serve.worker.Delta`; aborts it and raises on a disconnect (None)
+        or past the deadline (504)."""
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.worker.abort(req.id)
+                raise ApiError(
+                    504,
+                    f"the request ran past the server's timeout of {self.options.request_timeout:g} s and was "
+                    "cancelled: ask for fewer tokens or retry later",
+                    type="timeout",
+                    code="timeout",
+                )
+            try:
+                delta = await asyncio.wait_for(out.get(), min(left, 0.5))
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    self.worker.abort(req.id)
+                    return None
+                continue
+            if delta.error is not None:
+                raise ApiError(400 if "positions" in delta.error or "pages" in delta.error else 500, delta.error)
+            return delta
+
+    async def complete(self, req, request: Request) -> Response:
+        out = self.submit(req)
+        deadline = time.monotonic() + self.options.request_timeout
+        text, pieces, values = [], [], []
+        while True:
+            delta = await self.next_delta(req, out, request, deadline)
+            if delta is None:
+                return Response(status_code=499)  # the client is gone; nobody reads this
+            text.append(delta.text)
+            if req.logprobs:
+                pieces += [self.tokenizer.decode([t]) for t in delta.token_ids]
+                values += delta.logprobs
+            if delta.finished:
+                n = delta.total_tokens
+                body = protocol.response(req, "".join(text), FINISH.get(delta.reason, delta.reason), n, pieces, values)
+                return JSONResponse(body)
+
+    def stream(self, req, request: Request) -> StreamingResponse:
+        out = self.submit(req)
+        deadline = time.monotonic() + self.options.request_timeout
+
+        def event(obj) -> str:
+            return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+        async def events():
+            finished = False
+            try:
+                if req.kind == "chat":  # OpenAI's first chunk: the role, no content
+                    yield event(protocol.chunk(req, "", None, first=True))
+                while True:
+                    try:
+                        delta = await self.next_delta(req, out, request, deadline)
+                    except ApiError as e:  # headers are sent: the error travels as an event
+                        yield event(e.body())
+                        break
+                    if delta is None:
+                        return
+                    pieces = [self.tokenizer.decode([t]) for t in delta.token_ids] if req.logprobs else []
+                    if delta.text or pieces:
+                        yield event(protocol.chunk(req, delta.text, None, pieces=pieces, values=delta.logprobs))
+                    if delta.finished:
+                        finished = True
+                        yield event(protocol.chunk(req, None, FINISH.get(delta.reason, delta.reason)))
+                        if req.include_usage:
+                            yield event(protocol.usage_chunk(req, delta.total_tokens))
+                        break
+                yield "data: [DONE]\n\n"
+            finally:
+                if not finished:  # a disconnect (the task is cancelled) or an error: free the slot and pages
+                    self.worker.abort(req.id)
+
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+
+    async def generate(self, request: Request, kind: str) -> Response:
+        endpoint = "chat" if kind == "chat" else "completions"
+        try:
+            self.guard(request)
+            req = self.parse(await self.body(request), kind)
+            response = self.stream(req, request) if req.stream else await self.complete(req, request)
+        except ApiError as e:
+            self.metrics.request(endpoint, e.status)
+            headers = {"Retry-After": str(e.retry_after)} if hasattr(e, "retry_after") else None
+            return error_response(e, headers)
+        self.metrics.request(endpoint, response.status_code)
+        return response
+
+
+def build_app(engine, options: ServeOptions | None = None) -> Starlette:
+    """The ASGI app over ``engine`` (a :class:`~jaxlab.engine.continuous.Engine` with a tokenizer). The engine's
+    thread starts with the app (lifespan) and stops with it."""
+    options = options or ServeOptions()
+    server = Server(engine, options)
+
+    async def chat(request):
+        return await server.generate(request, "chat")
+
+    async def completions(request):
+        return await server.generate(request, "completion")
+
+    async def models(request):
+        try:
+            server.guard(request)
+        except ApiError as e:
+            return error_response(e)
+        card = {"id": options.model_name, "object": "model", "created": int(server.started), "owned_by": "jaxlab"}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def health(request):
+        ok = server.worker.alive and not server.draining
+        state = "ok" if ok else ("draining" if server.draining else "engine stopped")
+        return JSONResponse({"status": state, "in_flight": server.worker.in_flight}, status_code=200 if ok else 503)
+
+    async def metrics(request):
+        return PlainTextResponse(server.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    async def page(request):
+        return HTMLResponse(resources.files("jaxlab.serve").joinpath("chat.html").read_text(encoding="utf-8"))
+
+    async def http_error(request, exc: HTTPException):
+        codes = {
+            404: ("not_found", "no such endpoint: see GET /v1/models, POST /v1/chat/completions, POST /v1/completions")
+        }
+        code, message = codes.get(exc.status_code, (None, exc.detail))
+        if exc.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}"
+        return error_response(ApiError(exc.status_code, message, code=code))
+
+    async def internal_error(request, exc: Exception):
+        return error_response(ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error"))
+
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(app):
+        server.worker.start()
+        try:
+            yield
+        finally:
+            server.worker.abort_all()
+            server.worker.stop()
+
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+            Route("/", page, methods=["GET"]),
+        ],
+        exception_handlers={HTTPException: http_error, Exception: internal_error},
+        lifespan=lifespan,
+    )
+    app.state.server = server
+    return app

@@ -1,0 +1,63 @@
+"""The server's Prometheus metrics (``GET /metrics``), in a registry of the server's own.
+
+Counters of requests (by endpoint and status) and tokens; gauges of the queue, the running requests and the
+batch occupancy (running ÷ slots) after each engine step; histograms of time to first token and time per
+output token of each finished request.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+
+class Metrics:
+    def __init__(self, engine):
+        self.slots = engine.slots
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "jaxlab_requests", "HTTP generation requests answered", ["endpoint", "status"], registry=r
+        )
+        self.prompt_tokens = Counter("jaxlab_prompt_tokens", "prompt tokens of accepted requests", registry=r)
+        self.generation_tokens = Counter("jaxlab_generation_tokens", "tokens generated", registry=r)
+        self.queue = Gauge("jaxlab_queue_length", "requests waiting for a slot", registry=r)
+        self.running = Gauge("jaxlab_running_requests", "requests holding a slot", registry=r)
+        self.occupancy = Gauge("jaxlab_batch_occupancy", "running requests / slots, after the last step", registry=r)
+        self.kv_use = Gauge("jaxlab_kv_pages_used", "KV-cache pages held / pool pages", registry=r)
+        self.steps = Counter("jaxlab_engine_steps", "engine steps run", registry=r)
+        self.ttft = Histogram(
+            "jaxlab_time_to_first_token_seconds", "submit to first token", buckets=TTFT_BUCKETS, registry=r
+        )
+        self.tpot = Histogram(
+            "jaxlab_time_per_output_token_seconds", "after the first token, per token", buckets=TPOT_BUCKETS, registry=r
+        )
+        self.finished_by = Counter("jaxlab_finished", "requests finished, by reason", ["reason"], registry=r)
+
+    def request(self, endpoint: str, status: int) -> None:
+        self.requests.labels(endpoint, str(status)).inc()
+
+    def started(self, req) -> None:
+        self.prompt_tokens.inc(len(req.prompt_ids))
+
+    def step(self, engine) -> None:  # on the engine's thread, after each step
+        sched = engine.scheduler
+        self.steps.inc()
+        self.queue.set(len(sched.waiting))
+        self.running.set(len(sched.running))
+        self.occupancy.set(len(sched.running) / self.slots)
+        self.kv_use.set(engine.pool.used / max(1, engine.pool.capacity))
+
+    def finished(self, pending, reason: str) -> None:  # on the engine's thread
+        self.finished_by.labels(reason).inc()
+        self.generation_tokens.inc(pending.tokens)
+        if pending.first_token_at is not None:
+            self.ttft.observe(pending.first_token_at - pending.submitted)
+            if pending.tokens > 1:
+                self.tpot.observe((time.perf_counter() - pending.first_token_at) / (pending.tokens - 1))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,378 @@
+"""OpenAI's request and response shapes: validating a request body, and building responses and stream chunks.
+
+Every field the server implements is checked for type and range; a field we do not implement is accepted at
+its default value (``n=1``, ``presence_penalty=0``, ...) and refused with a 400 that names it otherwise; an
+unknown field is refused too. Nothing is silently ignored. Errors use OpenAI's shape::
+
+    {"error": {"message": "...", "type": "invalid_request_error", "param": "temperature", "code": null}}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from jaxlab.engine.sampling import SamplingParams
+
+MAX_STOP = 4  # OpenAI's limit on stop strings
+DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
+
+
+class ApiError(Exception):
+    """An HTTP error with OpenAI's error body."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param=None, code=None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+#: Fields accepted only at their default (OpenAI's meaning of "off"): field -> the values that mean "off".
+UNSUPPORTED_AT_DEFAULT = {
+    "n": (1, None),
+    "presence_penalty": (0, 0.0, None),
+    "frequency_penalty": (0, 0.0, None),
+    "repetition_penalty": (1, 1.0, None),
+    "logit_bias": (None, {}),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "parallel_tool_calls": (None,),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "response_format": (None, {"type": "text"}),
+    "best_of": (1, None),
+    "echo": (False, None),
+    "suffix": (None, ""),
+    "service_tier": (None, "auto", "default"),
+    "store": (None, False),
+    "modalities": (None, ["text"]),
+    "audio": (None,),
+    "prediction": (None,),
+    "reasoning_effort": (None,),
+}
+#: Fields that carry no instruction for the model (kept for the caller's own bookkeeping).
+METADATA = ("user", "metadata")
+
+
+@dataclass
+class Request:
+    """A validated generation request."""
+
+    kind: str  # "chat" or "completion"
+    model: str
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+    seed: int
+    stop: list[str]
+    stream: bool
+    include_usage: bool
+    logprobs: bool
+    ignore_eos: bool
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def parse_json(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise bad(f"the request body is not valid JSON ({e}): send a JSON object") from None
+    if not isinstance(body, dict):
+        raise bad(f"the request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def _number(body, name, lo, hi, default, *, integer=False, lo_open=False, hi_open=False):
+    v = body.get(name, default)
+    if v is None:
+        return default
+    kind = "a whole number" if integer else "a number"
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, (int, float))
+        or (integer and isinstance(v, float) and not v.is_integer())
+    ):
+        raise bad(f"{name} must be {kind}, got {json.dumps(v)}", name)
+    if not math.isfinite(v):
+        raise bad(f"{name} must be finite, got {v}", name)
+    low_ok = v > lo if lo_open else v >= lo
+    high_ok = v < hi if hi_open else v <= hi
+    if not (low_ok and high_ok):
+        lb, hb = "(" if lo_open else "[", ")" if hi_open else "]"
+        where = f">= {lo}" if hi >= 10**9 else f"in {lb}{lo}, {hi}{hb}"
+        raise bad(f"{name} must be {where}, got {v}", name)
+    return int(v) if integer else float(v)
+
+
+def _bool(body, name, default=False) -> bool:
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise bad(f"{name} must be true or false, got {json.dumps(v)}", name)
+    return v
+
+
+def _check_fields(body: dict, known: set[str]) -> None:
+    for name, offs in UNSUPPORTED_AT_DEFAULT.items():
+        if name in body and body[name] not in offs:
+            raise bad(
+                f"{name}={json.dumps(body[name])} is not supported by this server; leave it out "
+                f"(or give its default {json.dumps(offs[0])})",
+                name,
+                "unsupported_parameter",
+            )
+    unknown = sorted(set(body) - known - set(UNSUPPORTED_AT_DEFAULT) - set(METADATA))
+    if unknown:
+        raise bad(
+            f"unknown field {unknown[0]!r}: the server implements {', '.join(sorted(known))}",
+            unknown[0],
+            "unknown_parameter",
+        )
+
+
+COMMON = {
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "logprobs",
+    "ignore_eos",
+}
+CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs"}
+COMPLETION_FIELDS = COMMON | {"prompt"}
+
+
+def _stop(body) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise bad("stop must be a non-empty string or a list of them", "stop")
+    if len(stop) > MAX_STOP:
+        raise bad(f"stop takes at most {MAX_STOP} strings, got {len(stop)}", "stop")
+    return stop
+
+
+def _messages(body) -> list[dict]:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise bad("messages must be a non-empty list of {role, content} objects", "messages")
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict):
+            raise bad(f"messages[{i}] must be an object with role and content", "messages")
+        role, content = m.get("role"), m.get("content")
+        if role not in ("system", "developer", "user", "assistant"):
+            raise bad(f"messages[{i}].role must be system, user or assistant, got {json.dumps(role)}", "messages")
+        if isinstance(content, list):  # content parts: text only
+            parts = []
+            for p in content:
+                if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)):
+                    raise bad(f"messages[{i}].content: only text parts are supported", "messages")
+                parts.append(p["text"])
+            content = "".join(parts)
+        if not isinstance(content, str):
+            raise bad(f"messages[{i}].content must be a string, got {json.dumps(content)}", "messages")
+        extra = sorted(set(m) - {"role", "content", "name"})
+        if extra:
+            raise bad(f"messages[{i}] has an unsupported field {extra[0]!r}", "messages")
+        out.append({"role": "system" if role == "developer" else role, "content": content})
+    return out
+
+
+def parse_request(body: dict, kind: str, *, model_name: str, tokenizer, context: int, vocab_size: int) -> Request:
+    """A validated :class:`Request` from a JSON body, or an :class:`ApiError` (400, or 404 for another model)."""
+    _check_fields(body, CHAT_FIELDS if kind == "chat" else COMPLETION_FIELDS)
+    model = body.get("model", model_name)
+    if not isinstance(model, str):
+        raise bad(f"model must be a string, got {json.dumps(model)}", "model")
+    if model != model_name:
+        raise ApiError(
+            404,
+            f"the model {model!r} does not exist here; this server serves {model_name!r} (GET /v1/models)",
+            param="model",
+            code="model_not_found",
+        )
+    if kind == "chat":
+        from jaxlab.io.tokenizer import sanitize
+
+        messages = [dict(m, content=sanitize(m["content"])[0]) for m in _messages(body)]
+        if messages[-1]["role"] == "assistant":
+            raise bad("the last message must be the user's (or the system's), not the assistant's", "messages")
+        prompt_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            prompt_ids = tokenizer.encode(prompt) or [tokenizer.bos_id]
+        elif (
+            isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+        ):
+            bad_ids = [t for t in prompt if not 0 <= t < vocab_size]
+            if bad_ids:
+                raise bad(f"prompt has token ids outside the vocabulary [0, {vocab_size}): {bad_ids[:5]}", "prompt")
+            prompt_ids = list(prompt)
+        else:
+            raise bad("prompt must be a string or a non-empty list of token ids (one prompt per request)", "prompt")
+    room = context - len(prompt_ids)
+    if room < 1:
+        raise bad(
+            f"the prompt has {len(prompt_ids)} tokens, but this server's context is {context}: shorten it",
+            "messages" if kind == "chat" else "prompt",
+            "context_length_exceeded",
+        )
+    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    default = room if kind == "chat" else min(DEFAULT_COMPLETION_TOKENS, room)
+    max_tokens = _number(body, name, 1, 10**9, default, integer=True)
+    if max_tokens > room:
+        raise bad(
+            f"the prompt ({len(prompt_ids)} tokens) plus {name}={max_tokens} exceeds this server's context of "
+            f"{context} tokens: ask for at most {room}",
+            name,
+            "context_length_exceeded",
+        )
+    temperature = _number(body, "temperature", 0, 2, 1.0)
+    try:
+        sampling = SamplingParams(
+            temperature=temperature,
+            top_k=_number(body, "top_k", 0, vocab_size, 0, integer=True),
+            top_p=_number(body, "top_p", 0, 1, 1.0, lo_open=True),
+            min_p=_number(body, "min_p", 0, 1, 0.0, hi_open=True),
+        )
+    except ApiError:
+        raise
+    except Exception as e:  # SamplingParams' own checks
+        raise bad(str(e)) from None
+    opts = body.get("stream_options")
+    if opts is not None and (not isinstance(opts, dict) or set(opts) - {"include_usage"}):
+        raise bad('stream_options takes only {"include_usage": bool}', "stream_options")
+    stream = _bool(body, "stream")
+    if opts is not None and not stream:
+        raise bad("stream_options is only allowed with stream: true", "stream_options")
+    logprobs = body.get("logprobs")
+    if kind == "completion" and logprobs is not None and not isinstance(logprobs, bool):
+        # /v1/completions takes an int (top alternatives): 0 is the chosen token's logprob alone
+        n = _number(body, "logprobs", 0, 0, 0, integer=True)
+        logprobs = n == 0
+    else:
+        logprobs = _bool(body, "logprobs")
+    top = _number(body, "top_logprobs", 0, 20, 0, integer=True) if kind == "chat" else 0
+    if top:
+        raise bad(
+            "top_logprobs > 0 is not supported: this server returns the chosen token's logprob (logprobs: true)",
+            "top_logprobs",
+            "unsupported_parameter",
+        )
+    return Request(
+        kind=kind,
+        model=model,
+        prompt_ids=list(prompt_ids),
+        max_tokens=max_tokens,
+        sampling=sampling,
+        seed=_number(body, "seed", -(2**63), 2**64 - 1, 0, integer=True) % 2**32,
+        stop=_stop(body),
+        stream=stream,
+        include_usage=bool(opts and _bool(opts, "include_usage")),
+        logprobs=logprobs,
+        ignore_eos=_bool(body, "ignore_eos"),
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Responses
+# --------------------------------------------------------------------------------------------------
+
+
+def usage(req: Request, completion_tokens: int) -> dict:
+    n = len(req.prompt_ids)
+    return {"prompt_tokens": n, "completion_tokens": completion_tokens, "total_tokens": n + completion_tokens}
+
+
+def _logprobs(req: Request, pieces: list[str], values: list[float]) -> Any:
+    if not req.logprobs:
+        return None
+    if req.kind == "chat":
+        return {
+            "content": [
+                {"token": p, "logprob": v, "bytes": list(p.encode()), "top_logprobs": []}
+                for p, v in zip(pieces, values)
+            ]
+        }
+    return {"tokens": pieces, "token_logprobs": values, "top_logprobs": None, "text_offset": None}
+
+
+def response(req: Request, text: str, reason: str, n_tokens: int, pieces=(), values=()) -> dict:
+    """The whole answer (``stream: false``)."""
+    lp = _logprobs(req, list(pieces), list(values))
+    if req.kind == "chat":
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": lp,
+            "finish_reason": reason,
+        }
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": reason}
+        obj = "text_completion"
+    prefix = "chatcmpl-" if req.kind == "chat" else "cmpl-"
+    return {
+        "id": prefix + req.id,
+        "object": obj,
+        "created": req.created,
+        "model": req.model,
+        "choices": [choice],
+        "usage": usage(req, n_tokens),
+    }
+
+
+def chunk(req: Request, text: str | None, reason: str | None, *, first=False, pieces=(), values=()) -> dict:
+    """One server-sent event of a stream (OpenAI's chunk format)."""
+    lp = _logprobs(req, list(pieces), list(values)) if pieces else None
+    if req.kind == "chat":
+        delta = {}
+        if first:
+            delta["role"] = "assistant"
+        if text:
+            delta["content"] = text
+        choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": reason}
+        obj, prefix = "chat.completion.chunk", "chatcmpl-"
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": reason}
+        obj, prefix = "text_completion", "cmpl-"
+    out = {"id": prefix + req.id, "object": obj, "created": req.created, "model": req.model, "choices": [choice]}
+    if req.include_usage:
+        out["usage"] = None
+    return out
+
+
+def usage_chunk(req: Request, n_tokens: int) -> dict:
+    """The last chunk when ``stream_options.include_usage``: no choices, the usage."""
+    obj, prefix = ("chat.completion.chunk", "chatcmpl-") if req.kind == "chat" else ("text_completion", "cmpl-")
+    return {
+        "id": prefix + req.id,
+        "object": obj,
+        "created": req.created,
+        "model": req.model,
+        "choices": [],
+        "usage": usage(req, n_tokens),
+    }

@@ -1,0 +1,162 @@
+"""The engine's own thread: the only caller of :class:`~jaxlab.engine.continuous.Engine`.
+
+HTTP handlers run on the event loop; the engine's steps block for tens of milliseconds each, so they run on a
+thread of their own. Handlers talk to it through :meth:`EngineWorker.submit` and :meth:`EngineWorker.abort`
+(queued, carried out between two steps); each request's outputs come back on an ``asyncio.Queue`` of the
+handler's loop. An abort frees the request's slot and pages before the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from jaxlab.engine.continuous import Engine
+
+
+@dataclass
+class Delta:
+    """What a request got in one step: text, token ids and their logprobs; at the end, why it finished."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finished: bool = False
+    reason: str | None = None  # "eos", "stop", "length", "abort"
+    error: str | None = None  # the engine refused the request
+    total_tokens: int = 0  # generated so far (the completion's usage)
+
+
+@dataclass
+class _Pending:
+    request_id: str
+    kwargs: dict
+    loop: asyncio.AbstractEventLoop
+    out: asyncio.Queue
+    submitted: float = field(default_factory=time.perf_counter)
+    stream: object = None
+    ids_sent: int = 0
+    first_token_at: float | None = None
+    tokens: int = 0
+
+
+class EngineWorker:
+    """Runs ``engine.step()`` on its own thread while there is work; carries out submits and aborts between
+    steps. ``on_finish(pending)`` (optional) is called on the engine thread when a request ends: metrics."""
+
+    def __init__(self, engine: Engine, on_finish=None, on_step=None):
+        self.engine = engine
+        self.on_finish, self.on_step = on_finish, on_step
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._pending: dict[str, _Pending] = {}
+        self._thread = threading.Thread(target=self._loop, name="jaxlab-engine", daemon=True)
+        self.error: BaseException | None = None
+
+    # ---- the event loop's side -------------------------------------------------------------------
+
+    def start(self) -> EngineWorker:
+        self._thread.start()
+        return self
+
+    def submit(self, request_id: str, prompt_ids, **kwargs) -> asyncio.Queue:
+        """Queue a request (``Engine.add_request`` keywords); returns the queue its :class:`Delta` s arrive on."""
+        loop = asyncio.get_running_loop()
+        p = _Pending(request_id, dict(kwargs, prompt_ids=list(prompt_ids)), loop, asyncio.Queue())
+        self._inbox.put(("add", p))
+        self._wake.set()
+        return p.out
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(("abort", request_id))
+        self._wake.set()
+
+    def abort_all(self) -> None:
+        self._inbox.put(("abort_all", None))
+        self._wake.set()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopping.set()
+        self._wake.set()
+        self._thread.join(timeout)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.error is None
+
+    # ---- the engine thread -----------------------------------------------------------------------
+
+    def _send(self, p: _Pending, delta: Delta) -> None:
+        try:
+            p.loop.call_soon_threadsafe(p.out.put_nowait, delta)
+        except RuntimeError:  # the handler's loop is closed: nobody is listening
+            pass
+
+    def _end(self, p: _Pending, reason: str, text: str = "") -> None:
+        self._pending.pop(p.request_id, None)
+        self._send(p, Delta(text, [], [], True, reason, total_tokens=p.tokens))
+        if self.on_finish is not None:
+            self.on_finish(p, reason)
+
+    def _handle(self, kind: str, item) -> None:
+        if kind == "add":
+            p: _Pending = item
+            try:
+                p.stream = self.engine.add_request(request_id=p.request_id, **p.kwargs)
+            except Exception as e:  # the engine's own check (a request that cannot fit)
+                self._send(p, Delta("", [], [], True, "error", error=str(e)))
+                return
+            self._pending[p.request_id] = p
+        elif kind == "abort":
+            p = self._pending.get(item)
+            if p is not None and self.engine.abort(item):
+                self._end(p, "abort")
+        elif kind == "abort_all":
+            for rid in list(self._pending):
+                self._handle("abort", rid)
+
+    def _loop(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                while True:
+                    try:
+                        kind, item = self._inbox.get_nowait()
+                    except queue.Empty:
+                        break
+                    self._handle(kind, item)
+                if not self.engine.has_work:
+                    self._wake.wait(0.5)
+                    self._wake.clear()
+                    continue
+                outputs = self.engine.step()
+                now = time.perf_counter()
+                for o in outputs:
+                    p = self._pending.get(o.request_id)
+                    if p is None:
+                        continue
+                    ids = p.stream.token_ids[p.ids_sent :]
+                    lp = p.stream.logprobs[p.ids_sent :] if p.stream.logprobs is not None else []
+                    p.ids_sent = p.tokens = len(p.stream.token_ids)
+                    if ids and p.first_token_at is None:
+                        p.first_token_at = now
+                    delta = Delta(o.text, list(ids), list(lp), o.finished, o.finish_reason, total_tokens=p.tokens)
+                    if o.finished:
+                        self._pending.pop(o.request_id, None)
+                    self._send(p, delta)
+                    if o.finished and self.on_finish is not None:
+                        self.on_finish(p, o.finish_reason)
+                if self.on_step is not None:
+                    self.on_step(self.engine)
+        except BaseException as e:  # a bug: every waiting request learns of it instead of hanging
+            self.error = e
+            for p in list(self._pending.values()):
+                self._send(p, Delta("", [], [], True, "error", error=f"the engine stopped: {type(e).__name__}: {e}"))
+            self._pending.clear()

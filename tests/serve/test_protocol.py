@@ -1,0 +1,152 @@
+"""Request validation in OpenAI's shapes: every implemented field checked, unimplemented ones only at their
+default, unknown ones refused; no model needed."""
+
+from __future__ import annotations
+
+import pytest
+
+from jaxlab.serve import protocol
+from jaxlab.serve.app import RateLimiter
+from jaxlab.serve.protocol import ApiError, parse_json, parse_request
+
+
+class FakeTokenizer:
+    bos_id = 1
+
+    def encode(self, text):
+        return [3 + (ord(c) % 50) for c in text]
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
+        return [1] + [t for m in messages for t in self.encode(m["role"] + ":" + m["content"])] + [2]
+
+
+def parse(body, kind="chat", context=64):
+    return parse_request(body, kind, model_name="m", tokenizer=FakeTokenizer(), context=context, vocab_size=100)
+
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def test_defaults_and_fields():
+    r = parse({"messages": MSG})
+    assert r.sampling.temperature == 1.0 and not r.stream and r.stop == [] and r.max_tokens == 64 - len(r.prompt_ids)
+    r = parse(
+        {
+            "model": "m",
+            "messages": MSG,
+            "max_completion_tokens": 5,
+            "temperature": 0,
+            "top_p": 0.5,
+            "top_k": 3,
+            "min_p": 0.1,
+            "seed": -1,
+            "stop": "x",
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "logprobs": True,
+            "n": 1,
+            "presence_penalty": 0,
+            "user": "someone",
+        }
+    )
+    assert (r.max_tokens, r.sampling.greedy, r.sampling.top_k, r.stop, r.include_usage, r.logprobs) == (
+        5,
+        True,
+        3,
+        ["x"],
+        True,
+        True,
+    )
+    assert r.seed == 2**32 - 1  # any 64-bit seed maps to the engine's 32-bit one
+    c = parse({"prompt": "abc"}, "completion")
+    assert c.max_tokens == protocol.DEFAULT_COMPLETION_TOKENS and c.prompt_ids == FakeTokenizer().encode("abc")
+    assert parse({"prompt": [5, 6]}, "completion").prompt_ids == [5, 6]
+
+
+@pytest.mark.parametrize(
+    "body, status, param, words",
+    [
+        ({"messages": MSG, "temperature": 3}, 400, "temperature", "[0, 2]"),
+        ({"messages": MSG, "temperature": "hot"}, 400, "temperature", "a number"),
+        ({"messages": MSG, "top_p": 0}, 400, "top_p", "(0, 1]"),
+        ({"messages": MSG, "max_tokens": 0}, 400, "max_tokens", ">="),
+        ({"messages": MSG, "max_tokens": 2.5}, 400, "max_tokens", "whole number"),
+        ({"messages": MSG, "max_tokens": True}, 400, "max_tokens", "whole number"),
+        ({"messages": MSG, "max_tokens": 1000}, 400, "max_tokens", "context"),
+        ({"messages": [{"role": "user", "content": "x" * 100}]}, 400, "messages", "shorten"),
+        ({"messages": MSG, "n": 2}, 400, "n", "not supported"),
+        ({"messages": MSG, "presence_penalty": 0.5}, 400, "presence_penalty", "not supported"),
+        ({"messages": MSG, "tools": [{"type": "function"}]}, 400, "tools", "not supported"),
+        ({"messages": MSG, "frobnicate": 1}, 400, "frobnicate", "unknown field"),
+        ({"messages": MSG, "top_logprobs": 3}, 400, "top_logprobs", "chosen token"),
+        ({"messages": MSG, "stop": ["a"] * 5}, 400, "stop", "at most 4"),
+        ({"messages": MSG, "stop": [""]}, 400, "stop", "non-empty"),
+        ({"messages": MSG, "stream_options": {"include_usage": True}}, 400, "stream_options", "stream: true"),
+        ({"messages": []}, 400, "messages", "non-empty"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, 400, "messages", "role"),
+        ({"messages": [{"role": "user", "content": 5}]}, 400, "messages", "string"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "messages", "text parts"),
+        ({"messages": [{"role": "assistant", "content": "x"}]}, 400, "messages", "last message"),
+        ({"messages": MSG, "model": "gpt-4"}, 404, "model", "does not exist"),
+        ({"messages": MSG, "model": 3}, 400, "model", "string"),
+    ],
+)
+def test_bad_chat_requests_name_the_field(body, status, param, words):
+    with pytest.raises(ApiError) as e:
+        parse(body)
+    assert (e.value.status, e.value.param) == (status, param)
+    assert words in e.value.message
+    assert e.value.body()["error"]["type"]
+
+
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        ({"prompt": ""}, None),  # an empty prompt starts from BOS (as jaxlab generate --raw)
+        ({"prompt": []}, "non-empty list"),
+        ({"prompt": [5, 500]}, "outside the vocabulary"),
+        ({"prompt": ["a", "b"]}, "one prompt per request"),
+        ({"prompt": "a", "echo": True}, "not supported"),
+        ({"prompt": "a", "logprobs": 5}, "logprobs"),
+    ],
+)
+def test_completion_requests(body, words):
+    if words is None:
+        assert parse(body, "completion").prompt_ids == [1]
+        return
+    with pytest.raises(ApiError, match=words):
+        parse(body, "completion")
+
+
+@pytest.mark.parametrize("raw", [b"{", b"[1]", b"\xff\xfe", b"null"])
+def test_bodies_that_are_not_a_json_object(raw):
+    with pytest.raises(ApiError) as e:
+        parse_json(raw)
+    assert e.value.status == 400
+
+
+def test_rate_limiter_refills_over_time(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(protocol.time, "monotonic", lambda: now[0])  # the limiter reads the same clock
+    import jaxlab.serve.app as app
+
+    monkeypatch.setattr(app.time, "monotonic", lambda: now[0])
+    lim = RateLimiter(2)  # 2 a minute, bursts of 2
+    assert lim.take("a") == 0 and lim.take("a") == 0
+    wait = lim.take("a")
+    assert wait == pytest.approx(30.0)
+    assert lim.take("b") == 0  # per key
+    now[0] += 30.0
+    assert lim.take("a") == 0
+
+
+def test_response_shapes():
+    r = parse({"messages": MSG, "logprobs": True, "stream": True, "stream_options": {"include_usage": True}})
+    full = protocol.response(r, "hello", "stop", 2, ["hel", "lo"], [-0.1, -0.2])
+    assert full["object"] == "chat.completion" and full["choices"][0]["message"]["content"] == "hello"
+    assert full["usage"]["completion_tokens"] == 2 and len(full["choices"][0]["logprobs"]["content"]) == 2
+    first = protocol.chunk(r, "", None, first=True)
+    assert first["choices"][0]["delta"] == {"role": "assistant"} and first["usage"] is None
+    assert protocol.usage_chunk(r, 2)["choices"] == []
+    c = parse({"prompt": "a"}, "completion")
+    assert protocol.response(c, "x", "length", 1)["choices"][0]["text"] == "x"

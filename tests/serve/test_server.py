@@ -1,0 +1,431 @@
+"""``jaxlab serve`` on the real model: a real uvicorn server on loopback, called with the ``openai`` client and
+raw HTTP. Answers equal ``jaxlab generate`` greedy; bad requests get OpenAI-shaped errors with their status and
+the server keeps serving; disconnects and timeouts free the slot; 64 concurrent streams come back whole."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import threading
+import time
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SLOTS, CONTEXT = 8, 256
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name a primary colour.",
+    "Write one word that rhymes with cat.",
+    "What is 2 plus 2?",
+]
+
+
+@pytest.fixture(scope="module")
+def live(smollm):
+    """A server over the embedded model (8 slots, context 256) on a free loopback port, run by uvicorn on a
+    thread of this process; -> (base url, the app's Server)."""
+    import uvicorn
+
+    from jaxlab.engine.continuous import Engine
+    from jaxlab.serve import ServeOptions, build_app
+
+    engine = Engine(smollm.params, smollm.tokenizer, slots=SLOTS, context=CONTEXT)
+    engine.warmup(sampling=True)
+    app = build_app(engine, ServeOptions(model_name="smollm2-135m"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}", app.state.server
+    server.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def client(live):
+    from openai import OpenAI
+
+    return OpenAI(base_url=live[0] + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def generated(smollm, load_once_module):
+    """``jaxlab generate --json`` greedy for each question (24 new tokens): the answers the server must give."""
+    import contextlib
+    import io
+
+    from jaxlab.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["generate", *QUESTIONS, "--json", "--max-new-tokens", "24"]) == 0
+    rows = [json.loads(line) for line in out.getvalue().splitlines()]
+    return {r["prompt"]: r for r in rows}
+
+
+@pytest.fixture(scope="module")
+def load_once_module():
+    """``load_once`` for a module-scoped fixture."""
+    import functools
+
+    from conftest import load_model
+
+    from jaxlab.engine import loading
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(loading, "load", functools.wraps(loading.load)(load_model))
+        yield
+
+
+def wait_idle(server, seconds=10.0):
+    """True once no request holds a slot or a page (aborts are carried out between steps)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        sched = server.engine.scheduler
+        if server.worker.in_flight == 0 and not sched.running and not sched.waiting and server.engine.pool.used == 0:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_openai_client_gets_what_jaxlab_generate_gives(client, generated):
+    for q in QUESTIONS[:2]:
+        r = client.chat.completions.create(
+            model="smollm2-135m", messages=[{"role": "user", "content": q}], max_tokens=24, temperature=0
+        )
+        want = generated[q]
+        assert r.choices[0].message.content == want["text"]
+        assert r.usage.completion_tokens == len(want["generated_ids"])
+        assert r.usage.prompt_tokens == len(want["prompt_ids"])
+        assert r.choices[0].finish_reason == ("length" if want["finish_reason"] == "length" else "stop")
+
+
+def test_streaming_gives_the_same_text_in_pieces(client, generated):
+    q = QUESTIONS[2]
+    stream = client.chat.completions.create(
+        model="smollm2-135m",
+        messages=[{"role": "user", "content": q}],
+        max_tokens=24,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    pieces, reasons, usage = [], [], None
+    for ch in stream:
+        if ch.usage is not None:
+            usage = ch.usage
+        for c in ch.choices:
+            if c.delta.content:
+                pieces.append(c.delta.content)
+            if c.finish_reason:
+                reasons.append(c.finish_reason)
+    assert "".join(pieces) == generated[q]["text"] and len(pieces) > 1
+    assert len(reasons) == 1 and usage.completion_tokens == len(generated[q]["generated_ids"])
+
+
+def test_completions_and_models(client, live, smollm):
+    from jaxlab.engine.continuous import Engine
+
+    assert [m.id for m in client.models.list().data] == ["smollm2-135m"]
+    r = client.completions.create(model="smollm2-135m", prompt="The capital of France is", max_tokens=8, temperature=0)
+    ids = smollm.tokenizer.encode("The capital of France is")
+    eng = Engine(smollm.params, smollm.tokenizer, slots=SLOTS, context=CONTEXT)
+    (alone,) = eng.generate([ids], 8)
+    assert r.choices[0].text == alone.text and r.usage.completion_tokens == 8
+    lp = client.completions.create(model="smollm2-135m", prompt="The capital of France is", max_tokens=3, logprobs=0)
+    values = lp.choices[0].logprobs.token_logprobs
+    assert len(values) == 3 and all(v <= 0 for v in values)
+
+
+def test_sampling_is_seeded(client):
+    def ask(seed):
+        return (
+            client.chat.completions.create(
+                model="smollm2-135m",
+                messages=[{"role": "user", "content": "Tell me a story."}],
+                max_tokens=12,
+                temperature=1.0,
+                top_p=0.9,
+                seed=seed,
+            )
+            .choices[0]
+            .message.content
+        )
+
+    a = ask(1)
+    assert ask(1) == a
+    assert any(ask(s) != a for s in (2, 3))
+
+
+BAD = [
+    (b"{not json", {}, 400, "not valid JSON"),
+    (json.dumps({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}), {}, 400, "temperature"),
+    (json.dumps({"messages": "hi"}), {}, 400, "messages"),
+    (json.dumps({"messages": [{"role": "user", "content": "word " * 300}]}), {}, 400, "context"),
+    (json.dumps({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-4"}), {}, 404, "does not exist"),
+    (json.dumps({"messages": [{"role": "user", "content": "hi"}], "n": 3}), {}, 400, "not supported"),
+    (b"{" + b'"a": "' + b"x" * (2 << 20) + b'"}', {}, 413, "over"),
+]
+
+
+def test_bad_requests_get_errors_and_the_server_keeps_serving(live, client):
+    base, server = live
+    with httpx.Client(base_url=base, timeout=30) as http:
+        for body, headers, status, words in BAD:
+            r = http.post("/v1/chat/completions", content=body, headers={"content-type": "application/json", **headers})
+            assert r.status_code == status, (body[:80], r.text)
+            err = r.json()["error"]
+            assert words in err["message"] and err["type"]
+        assert http.get("/v1/nothing").status_code == 404
+        assert http.delete("/v1/models").status_code == 405
+        assert http.get("/health").json()["status"] == "ok"
+    ok = client.chat.completions.create(
+        model="smollm2-135m", messages=[{"role": "user", "content": "hi"}], max_tokens=2, temperature=0
+    )
+    assert ok.usage.completion_tokens == 2
+
+
+def test_api_key_and_rate_limit(live):
+    from jaxlab.serve.app import RateLimiter
+
+    base, server = live
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    server.options.api_key = "sesame"
+    try:
+        with httpx.Client(base_url=base, timeout=30) as http:
+            assert http.post("/v1/chat/completions", json=body).status_code == 401
+            wrong = http.post("/v1/chat/completions", json=body, headers={"Authorization": "Bearer nope"})
+            assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
+            key = {"Authorization": "Bearer sesame"}
+            assert http.post("/v1/chat/completions", json=body, headers=key).status_code == 200
+            server.limiter = RateLimiter(2)  # 2 a minute per key
+            codes = [http.post("/v1/chat/completions", json=body, headers=key).status_code for _ in range(3)]
+            assert codes == [200, 200, 429]
+            r = http.post("/v1/chat/completions", json=body, headers=key)
+            assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+            assert r.json()["error"]["type"] == "rate_limit_error"
+    finally:
+        server.options.api_key, server.limiter = None, None
+
+
+def test_timeout_and_disconnect_free_the_slot(live):
+    base, server = live
+    body = {"messages": [{"role": "user", "content": "Count to a hundred."}], "max_tokens": 200, "ignore_eos": True}
+    timeout = server.options.request_timeout
+    server.options.request_timeout = 0.5
+    try:
+        with httpx.Client(base_url=base, timeout=30) as http:
+            r = http.post("/v1/chat/completions", json=body)
+        assert r.status_code == 504 and "timeout" in r.json()["error"]["message"]
+    finally:
+        server.options.request_timeout = timeout
+    assert wait_idle(server), "a timed-out request still holds its slot or pages"
+    with httpx.Client(base_url=base, timeout=30) as http:
+        with http.stream("POST", "/v1/chat/completions", json=dict(body, stream=True)) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if '"content"' in line:
+                    break  # the first token arrived: hang up
+    assert wait_idle(server), "a disconnected stream still holds its slot or pages"
+    metrics = httpx.get(base + "/metrics").text
+    assert 'jaxlab_finished_total{reason="abort"}' in metrics
+
+
+def test_metrics_are_prometheus_text(live, client):
+    client.chat.completions.create(
+        model="smollm2-135m", messages=[{"role": "user", "content": "hi"}], max_tokens=3, temperature=0
+    )
+    text = httpx.get(live[0] + "/metrics").text
+    for name in (
+        "jaxlab_requests_total",
+        "jaxlab_generation_tokens_total",
+        "jaxlab_queue_length",
+        "jaxlab_batch_occupancy",
+        "jaxlab_time_to_first_token_seconds_bucket",
+        "jaxlab_time_per_output_token_seconds_count",
+    ):
+        assert name in text, name
+
+
+def test_chat_page_is_served(live):
+    r = httpx.get(live[0] + "/")
+    assert r.status_code == 200 and "text/html" in r.headers["content-type"]
+    assert "/v1/chat/completions" in r.text and "tokens/s" in r.text
+
+
+def test_chat_page_in_a_real_browser(live, generated, tmp_path):
+    """Headless chromium (Debian's, driven by Selenium through chromium-driver; ``make test`` installs both) opens
+    the page, types a question and sees the streamed answer, the greedy one ``jaxlab generate`` gives, and a
+    tokens/s figure; then a second turn keeps the conversation."""
+    import shutil
+
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
+    assert chromium and driver_path, "Debian's chromium and chromium-driver are missing: run scripts/install_browser.sh"
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=900,700"):
+        opts.add_argument(arg)
+    browser = webdriver.Chrome(service=Service(driver_path), options=opts)
+    try:
+        browser.get(live[0] + "/")
+        q = QUESTIONS[0]
+        box = browser.find_element(By.ID, "input")
+        box.send_keys(q, Keys.ENTER)
+        wait = WebDriverWait(browser, 120)
+        wait.until(lambda b: "tokens/s" in b.find_element(By.ID, "stats").text)
+        answers = browser.find_elements(By.CSS_SELECTOR, ".msg.assistant")
+        assert len(answers) == 1
+        want = generated[q]
+        if want["finish_reason"] != "length":  # the page asks for up to 128 tokens; generate for 24
+            assert answers[0].text == want["text"].strip()
+        assert "Paris" in answers[0].text
+        box.send_keys("And of Italy?", Keys.ENTER)
+        wait.until(
+            lambda b: (
+                len(b.find_elements(By.CSS_SELECTOR, ".msg.assistant")) == 2
+                and not b.find_element(By.ID, "send").get_attribute("disabled")
+            )
+        )
+        second = browser.find_elements(By.CSS_SELECTOR, ".msg.assistant")[1].text
+        assert second and "error" not in browser.find_elements(By.CSS_SELECTOR, ".msg")[-1].get_attribute("class")
+        browser.save_screenshot(str(tmp_path / "chat.png"))
+    finally:
+        browser.quit()
+
+
+def test_64_concurrent_streams_each_equal_to_the_request_alone(live, smollm):
+    """64 streaming clients at once, prompt and length mixed: every answer equals the same request run alone
+    through an engine of the same shape; none lost, none mixed up. Prints TTFT percentiles and tokens/s."""
+    from openai import AsyncOpenAI
+
+    from jaxlab.engine.continuous import Engine
+
+    base, server = live
+    tok = smollm.tokenizer
+    jobs = [(QUESTIONS[i % len(QUESTIONS)], 1 + (i * 5) % 7) for i in range(64)]  # 1..7 new tokens
+    eng = Engine(smollm.params, tok, slots=SLOTS, context=CONTEXT)
+    ids = {
+        q: tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
+        for q in QUESTIONS
+    }
+    longest = {q: max(n for qq, n in jobs if qq == q) for q in QUESTIONS}
+    alone = {q: eng.generate([ids[q]], longest[q], ignore_eos=True)[0].generated_ids for q in QUESTIONS}
+    client = AsyncOpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+    async def one(q, n):
+        t0 = time.perf_counter()
+        first, text, count = None, [], 0
+        stream = await client.chat.completions.create(
+            model="smollm2-135m",
+            messages=[{"role": "user", "content": q}],
+            max_tokens=n,
+            temperature=0,
+            stream=True,
+            logprobs=True,
+            extra_body={"ignore_eos": True},
+        )
+        async for ch in stream:
+            for c in ch.choices:
+                if c.logprobs and c.logprobs.content:
+                    count += len(c.logprobs.content)
+                    first = first or time.perf_counter() - t0
+                text.append(c.delta.content or "")
+        return "".join(text), count, first
+
+    async def all_of_them():
+        t0 = time.perf_counter()
+        got = await asyncio.gather(*(one(q, n) for q, n in jobs))
+        return got, time.perf_counter() - t0
+
+    got, wall = asyncio.run(all_of_them())
+    want = [tok.decode(alone[q][:n]) for q, n in jobs]
+    mismatched = [i for i, ((text, count, _), w, (q, n)) in enumerate(zip(got, want, jobs)) if text != w or count != n]
+    assert not mismatched, f"{len(mismatched)} of 64 answers differ from the request alone: {mismatched[:5]}"
+    ttft = sorted(g[2] for g in got)
+    tokens = sum(n for _, n in jobs)
+    print(
+        f"\n64 concurrent streams, {SLOTS} slots: p50 TTFT {statistics.median(ttft):.2f} s, "
+        f"p99 {ttft[int(0.99 * (len(ttft) - 1))]:.2f} s, {tokens / wall:.1f} output tokens/s ({tokens} in {wall:.1f} s)"
+    )
+    assert wait_idle(server)
+
+
+def test_sigterm_drains_then_stops(tmp_path):
+    """``jaxlab serve`` as users run it: after SIGTERM a new request gets 503, a request in flight that ends
+    within the grace period ends normally, one that does not is aborted at its end; the process exits 0."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "jaxlab.cli", "serve", "--port", str(port), "--context", str(CONTEXT)]
+    cmd += ["--max-batch", str(SLOTS), "--grace", "8"]
+    log = open(tmp_path / "serve.log", "w+")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, open(tmp_path / "serve.log").read()
+            assert time.monotonic() < deadline, "the server did not come up in 300 s"
+            try:
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        results = {}
+
+        def stream(name, n):
+            body = {"messages": [{"role": "user", "content": "Count slowly."}], "max_tokens": n, "ignore_eos": True}
+            reasons, done = [], False
+            with httpx.stream("POST", base + "/v1/chat/completions", json=dict(body, stream=True), timeout=60) as r:
+                for line in r.iter_lines():
+                    if line == "data: [DONE]":
+                        done = True
+                    elif line.startswith("data: "):
+                        for c in json.loads(line[6:]).get("choices", []):
+                            if c["finish_reason"]:
+                                reasons.append(c["finish_reason"])
+                    if line.startswith("data: ") and name not in results:
+                        results[name] = "started"
+            results[name] = (reasons, done)
+
+        threads = [threading.Thread(target=stream, args=a) for a in (("short", 6), ("long", 200))]
+        for t in threads:
+            t.start()
+        while len(results) < 2:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        refused = httpx.post(base + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+        assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
+        assert httpx.get(base + "/health").status_code == 503
+        for t in threads:
+            t.join(60)
+        assert results["short"] == (["length"], True)
+        assert results["long"] == (["abort"], True)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    text = open(tmp_path / "serve.log").read()
+    assert "draining" in text and "aborting 1" in text
