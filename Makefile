@@ -37,12 +37,16 @@ lab: $(LAB_STAMP)
 
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg --nbval-cell-timeout 300
 
-# Two worker processes, whole files each (a notebook's cells stay together): compiling, most of the run, is
-# single-threaded, so two compile at once on CI's two cores. One compile cache serves both (tests/conftest.py).
+# The tests run on two worker processes, whole files each: compiling, most of their time, is single-threaded, so
+# two compile at once on CI's two cores. The notebooks run after them, one at a time, on a quiet machine: they
+# measure speed, and their verdicts must not depend on a neighbour. Both phases share one empty compile cache.
 XDIST := -n 2 --dist loadfile
 
 test: $(TEST_STAMP)
-	$(CPU) $(BIN)/python -m pytest tests notebooks $(NBVAL) $(XDIST)
+	cache=$$(mktemp -d -t jaxlab-tests-compile-cache-XXXXXX) && trap 'rm -rf "$$cache"' EXIT && \
+	export JAXLAB_COMPILE_CACHE="$$cache" && \
+	$(CPU) $(BIN)/python -m pytest tests $(XDIST) && \
+	$(CPU) $(BIN)/python -m pytest notebooks $(NBVAL)
 
 test-fast: $(TEST_STAMP)
 	$(CPU) $(BIN)/python -m pytest tests -m "not reference and not slow"

@@ -358,7 +358,7 @@ print("batch 32: w8a8 + int8 KV cache faster than float32:", "yes" if faster_b32
 #
 # ## 6 · Verdict
 
-# %%
+# %% tags=["nbval-ignore-output"]
 smaller = all(r["vs float32"] > 3.5 for r in mem[1:4]) and mem[-1]["vs float32"] > 3.5
 claim = verdict("quantization reduces memory, the 'reduced operational costs' of the promise", smaller,
                 f"the weights shrink {mem[1]['vs float32']:.1f}x (int8), {mem[2]['vs float32']:.1f}x (int4 g32, with "
