@@ -68,6 +68,7 @@ def jit_forward(*args, **kwargs):
 
 
 _PARITY: list[str] = []
+_MEASURED: list[str] = []
 SOLUTIONS = Path(__file__).resolve().parent.parent / "notebooks" / "solutions"
 
 
@@ -205,19 +206,32 @@ def parity():
     return _PARITY.append
 
 
+@pytest.fixture(scope="session")
+def measured():
+    """measured(line): record a figure a test measured (a load test's latencies) for the end-of-run summary."""
+    return _MEASURED.append
+
+
 def pytest_sessionfinish(session):
-    """Under pytest-xdist, a worker hands its parity lines to the controller, which prints the summary."""
+    """Under pytest-xdist, a worker hands its summary lines to the controller, which prints them."""
     if hasattr(session.config, "workeroutput"):
         session.config.workeroutput["parity"] = list(_PARITY)
+        session.config.workeroutput["measured"] = list(_MEASURED)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):
-    _PARITY.extend(getattr(node, "workeroutput", {}).get("parity", []))
+    out = getattr(node, "workeroutput", {})
+    _PARITY.extend(out.get("parity", []))
+    _MEASURED.extend(out.get("measured", []))
 
 
 def pytest_terminal_summary(terminalreporter):
-    if _PARITY:
-        terminalreporter.section("parity with the reference (transformers, float32)")
-        for line in _PARITY:
-            terminalreporter.write_line(line)
+    for title, lines in (
+        ("parity with the reference (transformers, float32)", _PARITY),
+        ("measured in this run", _MEASURED),
+    ):
+        if lines:
+            terminalreporter.section(title)
+            for line in lines:
+                terminalreporter.write_line(line)

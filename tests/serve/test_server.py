@@ -307,7 +307,7 @@ def test_chat_page_in_a_real_browser(live, generated, tmp_path):
         browser.quit()
 
 
-def test_64_concurrent_streams_each_equal_to_the_request_alone(live, smollm):
+def test_64_concurrent_streams_each_equal_to_the_request_alone(live, smollm, measured):
     """64 streaming clients at once, prompt and length mixed: every answer equals the same request run alone
     through an engine of the same shape; none lost, none mixed up. Prints TTFT percentiles and tokens/s."""
     from openai import AsyncOpenAI
@@ -357,8 +357,10 @@ def test_64_concurrent_streams_each_equal_to_the_request_alone(live, smollm):
     assert not mismatched, f"{len(mismatched)} of 64 answers differ from the request alone: {mismatched[:5]}"
     ttft = sorted(g[2] for g in got)
     tokens = sum(n for _, n in jobs)
-    print(
-        f"\n64 concurrent streams, {SLOTS} slots: p50 TTFT {statistics.median(ttft):.2f} s, "
+    from jaxlab.bench.harness import cpu_name
+
+    measured(
+        f"jaxlab serve on {cpu_name()}, 64 concurrent streams, {SLOTS} slots: p50 TTFT {statistics.median(ttft):.2f} s, "
         f"p99 {ttft[int(0.99 * (len(ttft) - 1))]:.2f} s, {tokens / wall:.1f} output tokens/s ({tokens} in {wall:.1f} s)"
     )
     assert wait_idle(server)
