@@ -64,6 +64,7 @@ class Stream:
     prompt_ids: list[int] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # per token: the most likely (id, logprob) pairs
     text: str = ""
     finished: bool = False
     finish_reason: str | None = None
@@ -100,6 +101,16 @@ class _Request:
     stops: TextStops
     seed: int
     sampling: SamplingParams
+    top: int = 0
+
+
+#: the most alternatives a request may ask for with ``top_logprobs`` (OpenAI's limit)
+TOP_LOGPROBS = 20
+
+
+def _row(tops, r: int):
+    """Row ``r`` of a step's (top logprobs, their ids), or None when the step did not compute them."""
+    return None if tops is None else (tops[0][r], tops[1][r])
 
 
 def _widths(context: int, page_size: int) -> tuple[int, ...]:
@@ -174,13 +185,25 @@ class Engine:
         stop: Sequence[str] = (),
         ignore_eos: bool = False,
         logprobs: bool = False,
+        top_logprobs: int = 0,
     ) -> Stream:
-        """Queue a request; it joins the batch at the next step with a free slot. Returns its stream."""
+        """Queue a request; it joins the batch at the next step with a free slot. Returns its stream.
+        ``top_logprobs`` (0..20): also keep each token's most likely alternatives and their logprobs (a step that
+        carries such a request runs a program that also returns them)."""
         (prompt,) = check_request(self.config, [prompt_ids], max_new_tokens)
+        if isinstance(top_logprobs, bool) or not (isinstance(top_logprobs, int) and 0 <= top_logprobs <= TOP_LOGPROBS):
+            raise InvalidRequestError(f"top_logprobs must be a whole number in 0..{TOP_LOGPROBS}, got {top_logprobs!r}")
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already running: give each request its own id")
-        stream = Stream(request_id, self, prompt, arrived=time.perf_counter(), logprobs=[] if logprobs else None)
+        stream = Stream(
+            request_id,
+            self,
+            prompt,
+            arrived=time.perf_counter(),
+            logprobs=[] if logprobs or top_logprobs else None,
+            top_logprobs=[] if top_logprobs else None,
+        )
 
         def on_text(_row, piece):
             stream.text += piece
@@ -194,10 +217,10 @@ class Engine:
             ignore_eos=ignore_eos,
             stop=stop,
             on_text=on_text if self.tokenizer is not None else None,
-            logprobs=logprobs,
+            logprobs=logprobs or bool(top_logprobs),
         )
         seq = self.scheduler.add(request_id, prompt, max_new_tokens)
-        self.requests[request_id] = _Request(seq, stream, stops, int(seed), sampling or SamplingParams())
+        self.requests[request_id] = _Request(seq, stream, stops, int(seed), sampling or SamplingParams(), top_logprobs)
         return stream
 
     def abort(self, request_id: str) -> bool:
@@ -245,9 +268,13 @@ class Engine:
         # device_put, not jnp.asarray: converting a NumPy array with jnp.asarray compiles a small program per shape
         tokens, positions, seeds = jax.device_put((tokens, positions, seeds))
         args = (self.params, tokens, positions, cache, seeds, samp, greedy_rows)
-        fn, _ = self.programs.get(name, jit_rows, args)
+        top = TOP_LOGPROBS if any(r is not None and r.top for r in rows) else 0
+        fn, _ = self.programs.get(name, jit_rows, args, {"top": top} if top else None)
+        if top:
+            nxt, logp, (top_v, top_i), self.cache = fn(*args)
+            return np.asarray(nxt), np.asarray(logp), (np.asarray(top_v), np.asarray(top_i))
         nxt, logp, self.cache = fn(*args)
-        return np.asarray(nxt), np.asarray(logp)
+        return np.asarray(nxt), np.asarray(logp), None
 
     def step(self) -> list[RequestOutput]:
         """Admit, decode one token per running sequence, prefill chunks under the budget; -> what each
@@ -266,12 +293,13 @@ class Engine:
                 tokens[seq.slot, 0] = seq.tokens[seq.computed]
                 positions[seq.slot, 0] = seq.computed
             width = self._width(max(s.computed + 1 for s in plan.decode))
-            nxt, logp = self._run("decode", rows, tokens, positions, width)
+            nxt, logp, tops = self._run("decode", rows, tokens, positions, width)
             for seq in plan.decode:
                 replay = seq.replay
                 self.scheduler.computed(seq, seq.computed + 1)
                 if not replay:
-                    outputs += self._emit(self.requests[seq.id], int(nxt[seq.slot]), float(logp[seq.slot]))
+                    top = _row(tops, seq.slot)
+                    outputs += self._emit(self.requests[seq.id], int(nxt[seq.slot]), float(logp[seq.slot]), top)
         for ch in plan.chunks:
             req = self.requests.get(ch.seq.id)
             if req is None or ch.seq.done:
@@ -281,16 +309,16 @@ class Engine:
             positions = np.full((1, self.chunk), -1, np.int32)
             tokens[0, self.chunk - n :] = ch.seq.prompt[ch.start : ch.end]  # left padding: the last column is real
             positions[0, self.chunk - n :] = np.arange(ch.start, ch.end)
-            nxt, logp = self._run("prefill", [req], tokens, positions, self._width(ch.end))
+            nxt, logp, tops = self._run("prefill", [req], tokens, positions, self._width(ch.end))
             self.scheduler.computed(ch.seq, ch.end)
             if ch.last and not ch.seq.generated:
-                outputs += self._emit(req, int(nxt[0]), float(logp[0]))
+                outputs += self._emit(req, int(nxt[0]), float(logp[0]), _row(tops, 0))
         if self.scheduler.waiting:
             self.kv_samples.append(self.scheduler.kv_use())
             self.fill_samples.append(self.scheduler.page_fill())
         return outputs
 
-    def _emit(self, req: _Request, token: int, logp: float) -> list[RequestOutput]:
+    def _emit(self, req: _Request, token: int, logp: float, top=None) -> list[RequestOutput]:
         stream, seq = req.stream, req.seq
         if stream.first_token_at is None:
             stream.first_token_at = time.perf_counter()
@@ -301,6 +329,9 @@ class Engine:
             stream.token_ids.append(token)
             if stream.logprobs is not None:
                 stream.logprobs.append(logp)
+            if stream.top_logprobs is not None and top is not None:
+                values, ids = top
+                stream.top_logprobs.append([(int(i), float(v)) for i, v in zip(ids[: req.top], values[: req.top])])
         if going:
             return [RequestOutput(seq.id, [token], stream.text[before:])]
         self.scheduler.finish(seq)
@@ -354,12 +385,13 @@ class Engine:
         self.run()
         return [s.result() for s in streams]
 
-    def warmup(self, sampling: bool = False) -> float:
+    def warmup(self, sampling: bool = False, top_logprobs: bool = False) -> float:
         """Compile every program the engine can need (decode and prefill, each page-table width; greedy, and
-        sampling when asked); returns seconds spent compiling."""
+        sampling when asked; each also returning top logprobs when asked); returns seconds spent compiling."""
         before = self.programs.compile_seconds_total
         kinds = [SamplingParams()] + ([SamplingParams(temperature=1.0)] if sampling else [])
-        for sp in kinds:
+        tops = [0, TOP_LOGPROBS] if top_logprobs else [0]
+        for sp, top in itertools.product(kinds, tops):
             for width in self.widths:
                 for name, rows, t in (("decode", self.slots, 1), ("prefill", 1, self.chunk)):
                     samp, greedy_rows = GREEDY, jnp.ones(rows, bool)
@@ -375,6 +407,6 @@ class Engine:
                         samp,
                         greedy_rows,
                     )
-                    fn, _ = self.programs.get(name, jit_rows, args)
+                    fn, _ = self.programs.get(name, jit_rows, args, {"top": top} if top else None)
                     *_, self.cache = fn(*args)  # all positions -1: writes go to the null page only
         return self.programs.compile_seconds_total - before

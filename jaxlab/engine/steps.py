@@ -77,9 +77,11 @@ def greedy_step(params: Params, tokens, positions, cache: KVCache, **hooks):
     return sample(logits, None, GREEDY), logits, cache
 
 
-def rows_step(params: Params, tokens, positions, cache, seeds, sampling: Sampling, greedy_rows, **hooks):
+def rows_step(params: Params, tokens, positions, cache, seeds, sampling: Sampling, greedy_rows, top: int = 0, **hooks):
     """Every row its own request (continuous batching): tokens, positions [B, T] (each row's last column its
-    last token; -1 = padding or an idle row) -> (next tokens [B], their logprobs [B], cache).
+    last token; -1 = padding or an idle row) -> (next tokens [B], their logprobs [B], cache); with ``top`` > 0
+    (static) -> (next tokens, logprobs, (the ``top`` most likely tokens' logprobs [B, top], their ids [B, top]),
+    cache): an OpenAI client's ``top_logprobs``.
 
     Row ``r`` draws with ``fold_in(key(seeds[r]), its last position)`` and its own settings (``sampling``
     with [B] leaves, ``greedy_rows`` [B]: :func:`~jaxlab.engine.sampling.stack_rows`; or :data:`GREEDY`), so
@@ -87,7 +89,10 @@ def rows_step(params: Params, tokens, positions, cache, seeds, sampling: Samplin
     logits, cache = next_logits(params, tokens, positions, cache, **hooks)
     keys = jax.vmap(lambda s, p: jax.random.fold_in(jax.random.key(s), p))(seeds, positions[:, -1])
     nxt = sample_rows(logits, keys, sampling, greedy_rows)
-    logp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), nxt[:, None], axis=-1)[:, 0]
+    all_logp = jax.nn.log_softmax(logits, axis=-1)
+    logp = jnp.take_along_axis(all_logp, nxt[:, None], axis=-1)[:, 0]
+    if top:
+        return nxt, logp, jax.lax.top_k(all_logp, top), cache
     return nxt, logp, cache
 
 
@@ -145,5 +150,5 @@ def draft_step(params: Params, prev, x, pos, cache: KVCache, index, key, samplin
 jit_prefill = jax.jit(prefill_step, donate_argnums=(3,), static_argnames=HOOKS)
 jit_decode = jax.jit(decode_step, donate_argnums=(3,), static_argnames=HOOKS)
 jit_verify = jax.jit(verify_step, donate_argnums=(3,), static_argnames=("accept", *HOOKS))
-jit_rows = jax.jit(rows_step, donate_argnums=(3,), static_argnames=HOOKS)
+jit_rows = jax.jit(rows_step, donate_argnums=(3,), static_argnames=("top", *HOOKS))
 jit_draft = jax.jit(draft_step, donate_argnums=(4,), static_argnames=("k", *HOOKS))

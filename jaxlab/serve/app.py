@@ -147,6 +147,7 @@ class Server:
             stop=req.stop,
             ignore_eos=req.ignore_eos,
             logprobs=req.logprobs,
+            top_logprobs=req.top_logprobs,
         )
 
     async def next_delta(self, req, out: asyncio.Queue, request: Request, deadline: float):
@@ -177,7 +178,7 @@ class Server:
     async def complete(self, req, request: Request) -> Response:
         out = self.submit(req)
         deadline = time.monotonic() + self.options.request_timeout
-        text, pieces, values = [], [], []
+        text, pieces, values, tops = [], [], [], []
         while True:
             delta = await self.next_delta(req, out, request, deadline)
             if delta is None:
@@ -186,10 +187,16 @@ class Server:
             if req.logprobs:
                 pieces += [self.tokenizer.decode([t]) for t in delta.token_ids]
                 values += delta.logprobs
+                tops += self.alternatives(delta)
             if delta.finished:
                 n = delta.total_tokens
-                body = protocol.response(req, "".join(text), FINISH.get(delta.reason, delta.reason), n, pieces, values)
+                reason = FINISH.get(delta.reason, delta.reason)
+                body = protocol.response(req, "".join(text), reason, n, pieces, values, tops)
                 return JSONResponse(body)
+
+    def alternatives(self, delta) -> list[list[tuple[str, float]]]:
+        """Per new token, its top alternatives as (text, logprob) pairs."""
+        return [[(self.tokenizer.decode([i]), v) for i, v in alts] for alts in delta.top]
 
     def stream(self, req, request: Request) -> StreamingResponse:
         out = self.submit(req)
@@ -213,7 +220,10 @@ class Server:
                         return
                     pieces = [self.tokenizer.decode([t]) for t in delta.token_ids] if req.logprobs else []
                     if delta.text or pieces:
-                        yield event(protocol.chunk(req, delta.text, None, pieces=pieces, values=delta.logprobs))
+                        tops = self.alternatives(delta)
+                        yield event(
+                            protocol.chunk(req, delta.text, None, pieces=pieces, values=delta.logprobs, tops=tops)
+                        )
                     if delta.finished:
                         finished = True
                         yield event(protocol.chunk(req, None, FINISH.get(delta.reason, delta.reason)))

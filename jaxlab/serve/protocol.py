@@ -79,6 +79,7 @@ class Request:
     include_usage: bool
     logprobs: bool
     ignore_eos: bool
+    top_logprobs: int = 0
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -269,19 +270,15 @@ def parse_request(body: dict, kind: str, *, model_name: str, tokenizer, context:
     if opts is not None and not stream:
         raise bad("stream_options is only allowed with stream: true", "stream_options")
     logprobs = body.get("logprobs")
-    if kind == "completion" and logprobs is not None and not isinstance(logprobs, bool):
-        # /v1/completions takes an int (top alternatives): 0 is the chosen token's logprob alone
-        n = _number(body, "logprobs", 0, 0, 0, integer=True)
-        logprobs = n == 0
+    if kind == "completion":
+        # /v1/completions: logprobs is how many alternatives to return with each token's own (0..5), or null
+        top = _number(body, "logprobs", 0, 5, 0, integer=True) if logprobs is not None else 0
+        logprobs = logprobs is not None
     else:
         logprobs = _bool(body, "logprobs")
-    top = _number(body, "top_logprobs", 0, 20, 0, integer=True) if kind == "chat" else 0
-    if top:
-        raise bad(
-            "top_logprobs > 0 is not supported: this server returns the chosen token's logprob (logprobs: true)",
-            "top_logprobs",
-            "unsupported_parameter",
-        )
+        top = _number(body, "top_logprobs", 0, 20, 0, integer=True)
+        if top and not logprobs:
+            raise bad("top_logprobs needs logprobs: true", "top_logprobs")
     return Request(
         kind=kind,
         model=model,
@@ -294,6 +291,7 @@ def parse_request(body: dict, kind: str, *, model_name: str, tokenizer, context:
         include_usage=bool(opts and _bool(opts, "include_usage")),
         logprobs=logprobs,
         ignore_eos=_bool(body, "ignore_eos"),
+        top_logprobs=top,
     )
 
 
@@ -307,22 +305,30 @@ def usage(req: Request, completion_tokens: int) -> dict:
     return {"prompt_tokens": n, "completion_tokens": completion_tokens, "total_tokens": n + completion_tokens}
 
 
-def _logprobs(req: Request, pieces: list[str], values: list[float]) -> Any:
+def _logprobs(req: Request, pieces: list[str], values: list[float], tops=()) -> Any:
+    """OpenAI's logprobs object; ``tops``: per token, the alternatives as (text, logprob) pairs, most likely first."""
     if not req.logprobs:
         return None
+    tops = list(tops) or [[] for _ in pieces]
     if req.kind == "chat":
         return {
             "content": [
-                {"token": p, "logprob": v, "bytes": list(p.encode()), "top_logprobs": []}
-                for p, v in zip(pieces, values)
+                {
+                    "token": p,
+                    "logprob": v,
+                    "bytes": list(p.encode()),
+                    "top_logprobs": [{"token": a, "logprob": b, "bytes": list(a.encode())} for a, b in alts],
+                }
+                for p, v, alts in zip(pieces, values, tops)
             ]
         }
-    return {"tokens": pieces, "token_logprobs": values, "top_logprobs": None, "text_offset": None}
+    top = [dict(alts) for alts in tops] if req.top_logprobs else None
+    return {"tokens": pieces, "token_logprobs": values, "top_logprobs": top, "text_offset": None}
 
 
-def response(req: Request, text: str, reason: str, n_tokens: int, pieces=(), values=()) -> dict:
+def response(req: Request, text: str, reason: str, n_tokens: int, pieces=(), values=(), tops=()) -> dict:
     """The whole answer (``stream: false``)."""
-    lp = _logprobs(req, list(pieces), list(values))
+    lp = _logprobs(req, list(pieces), list(values), tops)
     if req.kind == "chat":
         choice = {
             "index": 0,
@@ -345,9 +351,9 @@ def response(req: Request, text: str, reason: str, n_tokens: int, pieces=(), val
     }
 
 
-def chunk(req: Request, text: str | None, reason: str | None, *, first=False, pieces=(), values=()) -> dict:
+def chunk(req: Request, text: str | None, reason: str | None, *, first=False, pieces=(), values=(), tops=()) -> dict:
     """One server-sent event of a stream (OpenAI's chunk format)."""
-    lp = _logprobs(req, list(pieces), list(values)) if pieces else None
+    lp = _logprobs(req, list(pieces), list(values), tops) if pieces else None
     if req.kind == "chat":
         delta = {}
         if first:

@@ -28,6 +28,7 @@ class Delta:
     reason: str | None = None  # "eos", "stop", "length", "abort"
     error: str | None = None  # the engine refused the request
     total_tokens: int = 0  # generated so far (the completion's usage)
+    top: list = field(default_factory=list)  # per new token: [(id, logprob), ...] when top logprobs were asked
 
 
 @dataclass
@@ -144,10 +145,13 @@ class EngineWorker:
                         continue
                     ids = p.stream.token_ids[p.ids_sent :]
                     lp = p.stream.logprobs[p.ids_sent :] if p.stream.logprobs is not None else []
+                    top = p.stream.top_logprobs[p.ids_sent :] if p.stream.top_logprobs is not None else []
                     p.ids_sent = p.tokens = len(p.stream.token_ids)
                     if ids and p.first_token_at is None:
                         p.first_token_at = now
-                    delta = Delta(o.text, list(ids), list(lp), o.finished, o.finish_reason, total_tokens=p.tokens)
+                    delta = Delta(
+                        o.text, list(ids), list(lp), o.finished, o.finish_reason, total_tokens=p.tokens, top=top
+                    )
                     if o.finished:
                         self._pending.pop(o.request_id, None)
                     self._send(p, delta)

@@ -202,3 +202,24 @@ def test_chunks_of_one_step_may_cross_page_table_widths(tiny_params, monkeypatch
     got = eng.generate([prompt], max_new_tokens=6, ignore_eos=True)[0].generated_ids
     want = Generator(tiny_params).generate([prompt], 6, ignore_eos=True)[0].generated_ids
     assert got == want
+
+
+def test_top_logprobs_come_with_each_token(tiny_params):
+    """A request asking for top logprobs gets, per token, that many alternatives, most likely first; greedy picks
+    the first of them, with the logprob reported for the token itself; a request beside it is unchanged."""
+    prompt = [1, 5, 9, 33, 7]
+    eng = tiny_engine(tiny_params)
+    plain = eng.add_request([1, 44, 45], max_new_tokens=6, ignore_eos=True)
+    top = eng.add_request(prompt, max_new_tokens=6, ignore_eos=True, top_logprobs=3)
+    eng.run()
+    assert len(top.top_logprobs) == len(top.token_ids) == 6 == len(top.logprobs)
+    for tok, lp, alts in zip(top.token_ids, top.logprobs, top.top_logprobs):
+        assert len(alts) == 3 and alts[0][0] == tok and alts[0][1] == pytest.approx(lp, abs=1e-6)
+        assert alts[0][1] >= alts[1][1] >= alts[2][1]
+    alone = tiny_engine(tiny_params).add_request([1, 44, 45], max_new_tokens=6, ignore_eos=True).result()
+    assert (
+        plain.token_ids == alone.generated_ids
+        and top.token_ids == tiny_engine(tiny_params).generate([prompt], 6, ignore_eos=True)[0].generated_ids
+    )
+    with pytest.raises(InvalidRequestError, match="top_logprobs"):
+        eng.add_request(prompt, top_logprobs=21)

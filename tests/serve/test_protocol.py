@@ -61,6 +61,13 @@ def test_defaults_and_fields():
     c = parse({"prompt": "abc"}, "completion")
     assert c.max_tokens == protocol.DEFAULT_COMPLETION_TOKENS and c.prompt_ids == FakeTokenizer().encode("abc")
     assert parse({"prompt": [5, 6]}, "completion").prompt_ids == [5, 6]
+    c = parse({"prompt": "a", "logprobs": 5}, "completion")
+    assert c.logprobs and c.top_logprobs == 5
+    r = parse({"messages": MSG, "logprobs": True, "top_logprobs": 2})
+    assert r.top_logprobs == 2
+    lp = protocol.response(r, "ab", "stop", 2, ["a", "b"], [-0.1, -0.2], [[("a", -0.1), ("c", -2.0)], [("b", -0.2)]])
+    alts = lp["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+    assert [a["token"] for a in alts] == ["a", "c"] and alts[1]["logprob"] == -2.0
 
 
 @pytest.mark.parametrize(
@@ -78,7 +85,8 @@ def test_defaults_and_fields():
         ({"messages": MSG, "presence_penalty": 0.5}, 400, "presence_penalty", "not supported"),
         ({"messages": MSG, "tools": [{"type": "function"}]}, 400, "tools", "not supported"),
         ({"messages": MSG, "frobnicate": 1}, 400, "frobnicate", "unknown field"),
-        ({"messages": MSG, "top_logprobs": 3}, 400, "top_logprobs", "chosen token"),
+        ({"messages": MSG, "top_logprobs": 3}, 400, "top_logprobs", "logprobs: true"),
+        ({"messages": MSG, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs", "[0, 20]"),
         ({"messages": MSG, "stop": ["a"] * 5}, 400, "stop", "at most 4"),
         ({"messages": MSG, "stop": [""]}, 400, "stop", "non-empty"),
         ({"messages": MSG, "stream_options": {"include_usage": True}}, 400, "stream_options", "stream: true"),
@@ -107,7 +115,7 @@ def test_bad_chat_requests_name_the_field(body, status, param, words):
         ({"prompt": [5, 500]}, "outside the vocabulary"),
         ({"prompt": ["a", "b"]}, "one prompt per request"),
         ({"prompt": "a", "echo": True}, "not supported"),
-        ({"prompt": "a", "logprobs": 5}, "logprobs"),
+        ({"prompt": "a", "logprobs": 6}, "logprobs"),
     ],
 )
 def test_completion_requests(body, words):

@@ -140,9 +140,29 @@ def test_completions_and_models(client, live, smollm):
     eng = Engine(smollm.params, smollm.tokenizer, slots=SLOTS, context=CONTEXT)
     (alone,) = eng.generate([ids], 8)
     assert r.choices[0].text == alone.text and r.usage.completion_tokens == 8
-    lp = client.completions.create(model="smollm2-135m", prompt="The capital of France is", max_tokens=3, logprobs=0)
-    values = lp.choices[0].logprobs.token_logprobs
-    assert len(values) == 3 and all(v <= 0 for v in values)
+    lp = client.completions.create(
+        model="smollm2-135m", prompt="The capital of France is", max_tokens=3, logprobs=2, temperature=0
+    )
+    values, tops = lp.choices[0].logprobs.token_logprobs, lp.choices[0].logprobs.top_logprobs
+    assert len(values) == 3 and all(v <= 0 for v in values) and all(len(t) == 2 for t in tops)
+    assert [max(t, key=t.get) for t in tops] == lp.choices[0].logprobs.tokens  # greedy: the most likely
+
+
+def test_chat_top_logprobs(client):
+    r = client.chat.completions.create(
+        model="smollm2-135m",
+        messages=[{"role": "user", "content": QUESTIONS[0]}],
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+    )
+    content = r.choices[0].logprobs.content
+    assert len(content) == 4
+    for c in content:
+        assert len(c.top_logprobs) == 3 and c.top_logprobs[0].token == c.token
+        assert c.top_logprobs[0].logprob == pytest.approx(c.logprob, abs=1e-6)
+        assert c.top_logprobs[0].logprob >= c.top_logprobs[1].logprob >= c.top_logprobs[2].logprob
 
 
 def test_sampling_is_seeded(client):
