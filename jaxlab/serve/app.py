@@ -172,7 +172,9 @@ class Server:
                     return None
                 continue
             if delta.error is not None:
-                raise ApiError(400 if "positions" in delta.error or "pages" in delta.error else 500, delta.error)
+                raise ApiError(
+                    delta.status, delta.error, type="invalid_request_error" if delta.status == 400 else "server_error"
+                )
             return delta
 
     async def complete(self, req, request: Request) -> Response:

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from jaxlab.engine.continuous import Engine
+from jaxlab.errors import JaxlabError
 
 
 @dataclass
@@ -26,7 +27,8 @@ class Delta:
     logprobs: list[float]
     finished: bool = False
     reason: str | None = None  # "eos", "stop", "length", "abort"
-    error: str | None = None  # the engine refused the request
+    error: str | None = None  # the engine refused the request, or stopped
+    status: int = 200  # with an error: 400 when the request was at fault (the engine's own check), else 500
     total_tokens: int = 0  # generated so far (the completion's usage)
     top: list = field(default_factory=list)  # per new token: [(id, logprob), ...] when top logprobs were asked
 
@@ -112,8 +114,11 @@ class EngineWorker:
             p: _Pending = item
             try:
                 p.stream = self.engine.add_request(request_id=p.request_id, **p.kwargs)
-            except Exception as e:  # the engine's own check (a request that cannot fit)
-                self._send(p, Delta("", [], [], True, "error", error=str(e)))
+            except JaxlabError as e:  # the engine's own check (a request that cannot fit)
+                self._send(p, Delta("", [], [], True, "error", error=str(e), status=400))
+                return
+            except Exception as e:  # a bug of ours: this request fails, the engine goes on
+                self._send(p, Delta("", [], [], True, "error", error=f"{type(e).__name__}: {e}", status=500))
                 return
             self._pending[p.request_id] = p
         elif kind == "abort":
@@ -162,5 +167,6 @@ class EngineWorker:
         except BaseException as e:  # a bug: every waiting request learns of it instead of hanging
             self.error = e
             for p in list(self._pending.values()):
-                self._send(p, Delta("", [], [], True, "error", error=f"the engine stopped: {type(e).__name__}: {e}"))
+                stopped = f"the engine stopped: {type(e).__name__}: {e}"
+                self._send(p, Delta("", [], [], True, "error", error=stopped, status=500))
             self._pending.clear()
