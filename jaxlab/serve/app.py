@@ -63,8 +63,8 @@ class RateLimiter:
         return (1 - tokens) / self.rate
 
 
-def error_response(e: ApiError, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status, headers=headers)
+def error_response(e: ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
 class Server:
@@ -102,14 +102,13 @@ class Server:
             who = key or (request.client.host if request.client else "?")
             wait = self.limiter.take(who)
             if wait > 0:
-                e = ApiError(
+                raise ApiError(
                     429,
                     f"rate limit of {self.limiter.per_minute:g} requests per minute reached: retry in {wait:.1f} s",
                     type="rate_limit_error",
                     code="rate_limit_exceeded",
+                    headers={"Retry-After": str(max(1, int(wait + 0.999)))},
                 )
-                e.retry_after = max(1, int(wait + 0.999))
-                raise e
 
     async def body(self, request: Request) -> dict:
         limit = self.options.max_body_bytes
@@ -187,7 +186,7 @@ class Server:
                 return Response(status_code=499)  # the client is gone; nobody reads this
             text.append(delta.text)
             if req.logprobs:
-                pieces += [self.tokenizer.decode([t]) for t in delta.token_ids]
+                pieces += self.pieces(delta)
                 values += delta.logprobs
                 tops += self.alternatives(delta)
             if delta.finished:
@@ -195,6 +194,10 @@ class Server:
                 reason = FINISH.get(delta.reason, delta.reason)
                 body = protocol.response(req, "".join(text), reason, n, pieces, values, tops)
                 return JSONResponse(body)
+
+    def pieces(self, delta) -> list[str]:
+        """Each new token's own text (what logprobs are reported for)."""
+        return [self.tokenizer.decode([t]) for t in delta.token_ids]
 
     def alternatives(self, delta) -> list[list[tuple[str, float]]]:
         """Per new token, its top alternatives as (text, logprob) pairs."""
@@ -220,7 +223,7 @@ class Server:
                         break
                     if delta is None:
                         return
-                    pieces = [self.tokenizer.decode([t]) for t in delta.token_ids] if req.logprobs else []
+                    pieces = self.pieces(delta) if req.logprobs else []
                     if delta.text or pieces:
                         tops = self.alternatives(delta)
                         yield event(
@@ -248,8 +251,7 @@ class Server:
             response = self.stream(req, request) if req.stream else await self.complete(req, request)
         except ApiError as e:
             self.metrics.request(endpoint, e.status)
-            headers = {"Retry-After": str(e.retry_after)} if hasattr(e, "retry_after") else None
-            return error_response(e, headers)
+            return error_response(e)
         self.metrics.request(endpoint, response.status_code)
         return response
 

@@ -25,9 +25,12 @@ DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completion
 class ApiError(Exception):
     """An HTTP error with OpenAI's error body."""
 
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param=None, code=None):
+    def __init__(
+        self, status: int, message: str, *, type: str = "invalid_request_error", param=None, code=None, headers=None
+    ):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers  # sent with the error (Retry-After with a 429)
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}

@@ -134,11 +134,10 @@ def test_bodies_that_are_not_a_json_object(raw):
 
 
 def test_rate_limiter_refills_over_time(monkeypatch):
-    now = [100.0]
-    monkeypatch.setattr(protocol.time, "monotonic", lambda: now[0])  # the limiter reads the same clock
     import jaxlab.serve.app as app
 
-    monkeypatch.setattr(app.time, "monotonic", lambda: now[0])
+    now = [100.0]
+    monkeypatch.setattr(app.time, "monotonic", lambda: now[0])  # the limiter's clock
     lim = RateLimiter(2)  # 2 a minute, bursts of 2
     assert lim.take("a") == 0 and lim.take("a") == 0
     wait = lim.take("a")
