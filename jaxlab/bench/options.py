@@ -204,6 +204,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="only continuous batching: a seeded 64-request trace served by static and continuous batching, the "
         "paged decode step against the contiguous one, prefix reuse (about 10 minutes on 2 cores; --quick: seconds)",
     )
+    parser.add_argument(
+        "--serve",
+        action="store_true",
+        help="only serving: `jaxlab serve` under 1, 8, 32, 64 concurrent streaming clients beside llama.cpp's "
+        "llama-server (built by `make llama-cpp`), same GGUF, prompts and max_tokens (about 10 minutes on 2 cores)",
+    )
+    parser.add_argument(
+        "--concurrency", type=int_list, default=None, metavar="C,C,...", help="with --serve: client counts (1,8,32,64)"
+    )
+    parser.add_argument(
+        "--requests-per-client", type=int, default=None, metavar="R", help="with --serve: requests per client (2)"
+    )
+    parser.add_argument(
+        "--serve-slots", type=int, default=None, metavar="S", help="with --serve: slots per server (32)"
+    )
+    parser.add_argument(
+        "--serve-quant",
+        choices=QUANT_FORMATS + ("none",),
+        default=None,
+        help="with --serve: jaxlab serve's weight format (default int8, the fastest that passes the quality report)",
+    )
+    parser.add_argument(
+        "--serve-kv", choices=KV_FORMATS, default=None, help="with --serve: jaxlab serve's KV cache (default int8)"
+    )
+    parser.add_argument(
+        "--llama-server",
+        default=None,
+        metavar="PATH",
+        help="with --serve: the peer's llama-server (default: the one `make llama-cpp` built; 'none': no peer)",
+    )
     parser.add_argument("--targets", action="store_true", help="print the issue's targets as PASS/MISS lines")
     parser.add_argument("--json", metavar="PATH", default=None, help="write every number to this JSON file")
     parser.add_argument("--plot", metavar="PATH", default=None, help="write a roofline plot (PNG) to this file")

@@ -194,6 +194,10 @@ def run_from_args(args: argparse.Namespace, out=None) -> int:
         from jaxlab.bench.trace import run_trace
 
         return run_trace(args, out)
+    if getattr(args, "serve", False):
+        from jaxlab.bench.serving import run_serve
+
+        return run_serve(args, out)
     opts = resolve_options(args)
     res = run_bench(opts)
     text = render(res)
