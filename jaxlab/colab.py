@@ -36,7 +36,7 @@ except ModuleNotFoundError:  # Python 3.10: jaxlab needs 3.11, and step 4 says s
     tomllib = None
 
 PINNED = ("jax", "jaxlib", "flax")  # exact on Colab too; everything else takes a range
-COLAB_EXTRAS = ("lab",)  # the optional dependencies a notebook needs (Colab brings its own Jupyter)
+COLAB_EXTRAS = ("lab", "serve")  # what the notebooks need (Colab brings its own Jupyter); serve: notebook 12
 COLAB_SKIP = {"jupyterlab", "ipykernel", "jupytext"}  # Colab has its Jupyter; jupytext only builds notebooks
 JAX_EXTRA = {"tpu": "tpu", "gpu": "cuda12", "cpu": None}
 CONSTRAINTS = "constraints-colab.txt"

@@ -58,7 +58,7 @@ def colab_versions() -> dict[str, str]:
 
 
 def test_constraints_pin_jax_flax_exactly_and_keep_colabs_versions():
-    ours = colab.pins(SETTINGS["dependencies"] + SETTINGS["optional"]["lab"])
+    ours = colab.pins(SETTINGS["dependencies"] + SETTINGS["optional"]["lab"] + SETTINGS["optional"]["serve"])
     cons, theirs = constraints(), colab_versions()
     needed = {colab.requirement_name(n.split("[")[0]) for n in colab.colab_packages(SETTINGS, "cpu")}
     assert needed == set(cons), f"constraints-colab.txt must name exactly what the cell installs: {needed ^ set(cons)}"
@@ -346,3 +346,33 @@ def test_colab_simulation(tmp_path):
         "jaxlab must come from the wheel, data included"
     )
     assert marks.read_text().splitlines() == ["enable_custom_widget_manager"]
+
+    # notebook 12 on Colab: the server and the openai client with the versions the runtime kept
+    served = json.loads(_run([py, "-c", COLAB_SERVE], cwd=content, env=env).splitlines()[-1])
+    serve_pkgs = ("starlette", "uvicorn", "prometheus-client", "openai")
+    assert {k: served[k] for k in serve_pkgs} == {k: theirs[k] for k in serve_pkgs}, "Colab's versions must stay"
+    assert served["status"] == 200 and served["completion_tokens"] == 4 and served["text"]
+
+
+# A server on a thread (as notebook 12 starts it) over a 2-slot engine, called with the openai client.
+COLAB_SERVE = """
+import json
+from importlib import metadata
+
+from openai import OpenAI
+
+import jaxlab
+from jaxlab.engine.continuous import Engine
+from jaxlab.serve import BackgroundServer, ServeOptions
+
+m = jaxlab.load()
+with BackgroundServer(Engine(m.params, m.tokenizer, slots=2, context=64), ServeOptions(model_name="smollm2-135m")) as s:
+    r = OpenAI(base_url=s.url + "/v1", api_key="colab", max_retries=0).chat.completions.with_raw_response.create(
+        model="smollm2-135m", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    answer = r.parse()
+    out = {p: metadata.version(p) for p in ("starlette", "uvicorn", "prometheus-client", "openai")}
+    out.update(status=r.status_code, completion_tokens=answer.usage.completion_tokens, text=answer.choices[0].message.content)
+print(json.dumps(out))
+"""

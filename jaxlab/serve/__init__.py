@@ -4,6 +4,7 @@
 * :mod:`jaxlab.serve.worker` — the engine's own thread, fed between steps;
 * :mod:`jaxlab.serve.app` — the Starlette app: endpoints, limits, streaming, disconnects;
 * :mod:`jaxlab.serve.metrics` — Prometheus metrics;
+* :mod:`jaxlab.serve.background` — the same app on a thread of this process (notebooks, tests);
 * ``chat.html`` — the chat page served at ``/``.
 
 Starlette and uvicorn (see the README for why): a small ASGI toolkit whose streaming response notices a client
@@ -18,8 +19,9 @@ import threading
 import time
 
 from jaxlab.serve.app import ServeOptions, build_app
+from jaxlab.serve.background import BackgroundServer
 
-__all__ = ["ServeOptions", "build_app", "serve"]
+__all__ = ["BackgroundServer", "ServeOptions", "build_app", "serve"]
 
 
 def serve(engine, options: ServeOptions, host: str = "127.0.0.1", port: int = 8000, log=None) -> int:

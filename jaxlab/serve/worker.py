@@ -57,7 +57,7 @@ class EngineWorker:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._pending: dict[str, _Pending] = {}
-        self._thread = threading.Thread(target=self._loop, name="jaxlab-engine", daemon=True)
+        self._thread = threading.Thread(target=self.run, name="jaxlab-engine", daemon=True)
         self.error: BaseException | None = None
 
     # ---- the event loop's side -------------------------------------------------------------------
@@ -129,7 +129,9 @@ class EngineWorker:
             for rid in list(self._pending):
                 self._handle("abort", rid)
 
-    def _loop(self) -> None:
+    def run(self) -> None:
+        """The engine's thread (started by :meth:`start`): take what the HTTP side sent (new requests, aborts)
+        between steps, run one step of the whole batch, hand each request its new tokens."""
         try:
             while not self._stopping.is_set():
                 while True:

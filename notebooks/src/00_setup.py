@@ -29,6 +29,8 @@
 # | 08 | parallelism | meshes, data and tensor parallelism, `shard_map`, `pmap` (the 8 simulated CPUs below) |
 # | 09 | quantization | int8 / int4 / W8A8 weights and an int8 KV cache against the float32 baseline |
 # | 10 | speculative decoding | n-gram and draft-model drafting, output identical to greedy |
+# | 11 | continuous batching | a paged KV cache, a scheduler that refills the batch between steps, prefix reuse |
+# | 12 | serving | an OpenAI-compatible server: streaming, 16 clients at once, bad input, rate limits |
 #
 # ## Three ways to run the lab
 #
@@ -188,7 +190,7 @@ print(f"weights in memory: {m.params.nbytes() / 1e6:.0f} MB as {m.params.policy.
 
 # %% [markdown]
 # Dequantized to float32, the weights take several times the file's size: 32 bits per weight instead
-# of about 5. Notebook 09 (coming) keeps them quantized instead.
+# of about 5. Notebook 09 keeps them quantized instead.
 #
 # ## A first answer
 #

@@ -28,25 +28,13 @@ QUESTIONS = [
 def live(smollm):
     """A server over the embedded model (8 slots, context 256) on a free loopback port, run by uvicorn on a
     thread of this process; -> (base url, the app's Server)."""
-    import uvicorn
-
     from jaxlab.engine.continuous import Engine
-    from jaxlab.serve import ServeOptions, build_app
+    from jaxlab.serve import BackgroundServer, ServeOptions
 
     engine = Engine(smollm.params, smollm.tokenizer, slots=SLOTS, context=CONTEXT)
     engine.warmup(sampling=True)
-    app = build_app(engine, ServeOptions(model_name="smollm2-135m"))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
-        time.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}", app.state.server
-    server.should_exit = True
-    thread.join(10)
+    with BackgroundServer(engine, ServeOptions(model_name="smollm2-135m")) as bg:
+        yield bg.url, bg.state
 
 
 @pytest.fixture(scope="module")
@@ -451,3 +439,24 @@ def test_sigterm_drains_then_stops(tmp_path):
         log.close()
     text = open(tmp_path / "serve.log").read()
     assert "draining" in text and "aborting 1" in text
+
+
+def test_the_bench_load_generator_measures_a_live_server(live):
+    """``jaxlab bench --serve``'s clients (plain http.client, streamed /v1/completions with token-id prompts and
+    ignore_eos) against this server: every request whole, the figures consistent."""
+    from jaxlab.bench import serving
+    from jaxlab.bench.prompts import TEXT, make_prompts
+
+    url, server = live
+    port = int(url.rsplit(":", 1)[1])
+    opts = serving.ServeBench(
+        concurrency=(4,), prompt_len=12, new_tokens=6, requests_per_client=2, slots=SLOTS, quant="none",
+        kv_cache="float32", llama_server=None,
+    )  # fmt: skip
+    prompts = make_prompts(server.tokenizer.encode(TEXT), 8, 12)
+    lv = serving.run_level(port, "smollm2-135m", prompts, 4, opts)
+    assert lv["requests"] == 8 and lv["failed"] == 0 and lv["errors"] == [] and lv["short"] == 0
+    assert lv["output_tokens"] == 8 * 6 and lv["cached_prompt_tokens"] == 0
+    assert 0 < lv["ttft_s"][50] <= lv["ttft_s"][99] < lv["wall_s"] and 0 < lv["tpot_s"][50] <= lv["tpot_s"][99]
+    assert lv["output_tokens_per_s"] == pytest.approx(48 / lv["wall_s"])
+    assert wait_idle(server)
