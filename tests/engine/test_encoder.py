@@ -1,0 +1,164 @@
+"""The Flax BERT encoder (all-MiniLM-L6-v2): token ids and sentence embeddings equal to ``transformers``' PyTorch
+BertModel with sentence-transformers' pooling (max abs <= 1e-5, float32), the golden file fresh and met without
+torch, batching and padding that change nothing, vmap equal to the native batch, no compile after warm-up,
+``jaxlab embed``, and the errors."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from jaxlab.engine import encoder
+from jaxlab.errors import AssetError, ConfigError, InvalidRequestError
+from jaxlab.tools import encoder_reference
+
+MORE_TEXTS = [
+    "Émile's résumé — naïve coöperation",
+    "混合 text with 中文 and English",
+    "🙂🙃🫠",
+    "A" * 3000,
+    "  leading and trailing spaces  ",
+    "Line one\nline two\ttabbed",
+]
+
+
+@pytest.fixture(scope="module")
+def emb():
+    return encoder.load_embedder(batch_size=8)  # small batches: the long texts sort into one small program
+
+
+def test_tokenizer_truncates_at_sentence_transformers_256_not_128(emb):
+    ids = emb.tokenize(["word " * 400, ""])
+    assert emb.config.max_seq_length == 256
+    assert len(ids[0]) == 256 and ids[0][0] == 101 and ids[0][-1] == 102  # [CLS] ... [SEP]
+    assert ids[1] == [101, 102]  # an empty text is [CLS] [SEP]
+
+
+@pytest.mark.reference
+def test_ids_and_embeddings_match_transformers(emb, parity):
+    from jaxlab.io import assets
+
+    texts = list(encoder_reference.GOLDEN_TEXTS) + MORE_TEXTS
+    ref_ids, ref = encoder_reference.reference_embeddings(assets.encoder_dir(), texts)
+    assert emb.tokenize(texts) == ref_ids
+    ours = emb.embed(texts)
+    err = float(np.abs(ours - ref).max())
+    parity(f"encoder all-MiniLM-L6-v2 vs transformers BertModel + mean pooling, {len(texts)} texts: max abs {err:.1e}")
+    assert err <= 1e-5, err
+
+
+@pytest.mark.reference
+def test_golden_file_is_fresh():
+    stored = encoder_reference.load_golden()
+    fresh = encoder_reference.make_golden()
+    assert [r["text"] for r in stored["texts"]] == [r["text"] for r in fresh["texts"]]
+    assert [r["ids"] for r in stored["texts"]] == [r["ids"] for r in fresh["texts"]]
+    a = np.asarray([r["embedding"] for r in stored["texts"]])
+    b = np.asarray([r["embedding"] for r in fresh["texts"]])
+    assert np.abs(a - b).max() <= 1e-6, "stale: run `make reference`"
+    assert stored["weights_sha256"] == fresh["weights_sha256"]
+
+
+def test_golden_file_is_met_without_torch(emb):
+    got = encoder_reference.check_golden(emb)
+    assert got["ids_equal"] and got["ok"], got
+
+
+def test_batching_and_padding_change_nothing(emb):
+    texts = ["Hello world", "word " * 40, "short", "A much longer sentence about lighthouses and keepers"]
+    together = emb.embed(texts)
+    alone = np.stack([emb.embed([t])[0] for t in texts])
+    assert np.abs(together - alone).max() <= 1e-6
+    small = encoder.Embedder(emb.params, emb.tokenizer, batch_size=2)
+    assert np.abs(small.embed(texts) - together).max() <= 1e-6  # other batch cuts, other buckets
+    assert np.allclose(np.linalg.norm(together, axis=1), 1.0, atol=1e-6)
+
+
+def test_vmap_over_rows_equals_the_native_batch(emb):
+    ids = emb.tokenize(["one", "two words", "three little words", ""])
+    t = 16
+    arr = np.zeros((4, t), np.int32)
+    mask = np.zeros((4, t), np.int32)
+    for i, r in enumerate(ids):
+        arr[i, : len(r)], mask[i, : len(r)] = r, 1
+    batched = jax.jit(encoder.sentence_embeddings)(emb.params, arr, mask)
+    one = lambda i, m: encoder.sentence_embeddings(emb.params, i[None], m[None])[0]  # noqa: E731
+    mapped = jax.jit(jax.vmap(one))(arr, mask)
+    assert np.abs(np.asarray(batched) - np.asarray(mapped)).max() <= 1e-6
+
+
+def test_no_compilation_after_warmup(emb):
+    from jaxlab.tools.profile import CompileCounter
+
+    e = encoder.Embedder(emb.params, emb.tokenizer, batch_size=8)
+    e.warmup(batch_sizes=[1, 8], lengths=[16, 32])
+    programs = len(e.programs)
+    with CompileCounter() as cc:
+        e.embed(["a", "a short sentence", "another one, with a few more words in it than that"] * 3)
+        e.embed(["x"])
+    assert cc.count == 0 and len(e.programs) == programs == 4
+
+
+def test_errors_name_the_problem(emb):
+    with pytest.raises(InvalidRequestError, match="list of texts"):
+        emb.embed("a bare string")
+    with pytest.raises(InvalidRequestError, match="text 1 is a int"):
+        emb.embed(["ok", 3])
+    assert emb.embed([]).shape == (0, 384)
+    cfg = encoder.BertConfig(n_layers=1)
+    tensors = {"embeddings.word_embeddings.weight": np.zeros((2, 2))}
+    with pytest.raises(ConfigError, match="missing"):
+        encoder.encoder_from_hf(cfg, tensors)
+    with pytest.raises(ConfigError, match="pooling"):
+        encoder.BertConfig.from_files(
+            {"model_type": "bert", "hidden_act": "gelu"}, {}, {"pooling_mode_cls_token": True}, True, "x"
+        )
+
+
+def test_a_damaged_encoder_is_refused(tmp_path, monkeypatch):
+    from jaxlab.io import assets
+
+    spec = dict(assets.MINILM_L6, files={"tokenizer.json": ("0" * 64, assets.MINILM_L6["files"]["tokenizer.json"][1])})
+    monkeypatch.setitem(assets.ENCODERS, "damaged", spec)
+    monkeypatch.setenv("JAXLAB_CACHE", str(tmp_path))
+    with pytest.raises(AssetError, match="fails its sha256 check"):
+        assets.encoder_dir("damaged")
+    with pytest.raises(AssetError, match="unknown embedded encoder"):
+        assets.encoder_dir("nope")
+
+
+def run_cli(*argv):
+    from jaxlab.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["embed", *argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_jaxlab_embed_json_and_file(tmp_path, emb):
+    f = tmp_path / "texts.txt"
+    f.write_text("from a file\nsecond line\n", encoding="utf-8")
+    code, out, _ = run_cli("", "Hello world", "--file", str(f), "--json")
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and [r["text"] for r in rows] == ["", "Hello world", "from a file", "second line"]
+    vectors = np.asarray([r["embedding"] for r in rows])
+    assert vectors.shape == (4, 384) and np.abs(vectors - emb.embed([r["text"] for r in rows])).max() <= 1e-7
+    code, out, _ = run_cli("Hello world")
+    assert code == 0 and "384 floats, norm 1.000" in out
+
+
+def test_jaxlab_embed_bad_input(tmp_path):
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("ok\ncaf\xe9\n".encode("latin-1"))
+    code, out, err = run_cli("--file", str(bad))
+    assert code == 1 and out == "" and "is not UTF-8 text (byte 6, line 2)" in err
+    code, _, err = run_cli()
+    assert code == 1 and "nothing to embed" in err
+    code, _, err = run_cli("--file", str(tmp_path / "missing.txt"))
+    assert code == 1 and "no such file" in err
