@@ -1,4 +1,4 @@
-"""The ``jaxlab`` command: ``generate``, ``chat``, ``serve``, ``info``, ``fetch``, ``bench``.
+"""The ``jaxlab`` command: ``generate``, ``chat``, ``serve``, ``embed``, ``ask``, ``info``, ``fetch``, ``bench``.
 
 Every problem the user can cause ends with one line on stderr and a non-zero exit status, never a
 traceback (set ``JAXLAB_DEBUG=1`` to see one anyway).
@@ -122,6 +122,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--served-model-name", default=None, metavar="NAME", help="the model's id in the API")
     s.add_argument("--grace", type=float, default=10.0, metavar="S", help="after SIGTERM, in-flight requests get S s")
     model_opts(s)
+
+    e = sub.add_parser("embed", help="sentence embeddings (all-MiniLM-L6-v2, 384 floats, unit length)")
+    e.add_argument("texts", nargs="*", metavar="TEXT")
+    e.add_argument("--file", default=None, metavar="F", help="also embed every line of this UTF-8 file ('-': stdin)")
+    e.add_argument("--json", action="store_true", help='one line per text: {"text": ..., "embedding": [384 floats]}')
+    e.add_argument("--batch-size", type=int, default=32, metavar="N", help="texts per compiled batch (default 32)")
+
+    a = sub.add_parser("ask", help="answer a question about JAX, Flax or NumPy from their docs (retrieval + SmolLM2)")
+    a.add_argument("question", metavar="QUESTION")
+    a.add_argument("-k", type=int, default=3, help="passages retrieved (default 3)")
+    a.add_argument("--no-retrieval", action="store_true", help="ask the model alone, without passages")
+    a.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
 
     i = sub.add_parser(
         "info", help="versions, devices, the chip and its published peaks, matmul precision, model path, cache folders"
@@ -590,6 +602,85 @@ def cmd_serve(args):
     return serve(engine, options, host=args.host, port=args.port)
 
 
+def _read_lines(path: str) -> list[str]:
+    """The lines of a UTF-8 text file (or stdin for '-'), without their line ends; clear errors otherwise."""
+    try:
+        raw = sys.stdin.buffer.read() if path == "-" else open(path, "rb").read()
+    except FileNotFoundError:
+        raise InvalidRequestError(f"--file {path}: no such file") from None
+    except IsADirectoryError:
+        raise InvalidRequestError(f"--file {path}: is a folder, not a text file") from None
+    except OSError as e:
+        raise InvalidRequestError(f"--file {path}: cannot read it ({e.strerror})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise InvalidRequestError(
+            f"--file {path} is not UTF-8 text (byte {e.start}, line {line}): convert it, e.g. iconv -t UTF-8"
+        ) from None
+    return text.splitlines()
+
+
+def cmd_embed(args, out=None):
+    import json as _json
+
+    from jaxlab.engine.encoder import load_embedder
+
+    out = out or sys.stdout
+    texts = list(args.texts) + (_read_lines(args.file) if args.file else [])
+    if not texts:
+        raise InvalidRequestError("nothing to embed: give texts as arguments or --file F (an empty text is '')")
+    if args.batch_size < 1:
+        raise InvalidRequestError(f"--batch-size must be >= 1, got {args.batch_size}")
+    emb = load_embedder(batch_size=args.batch_size)
+    vectors = emb.embed(texts)
+    for text, v in zip(texts, vectors):
+        if args.json:
+            out.write(_json.dumps({"text": text, "embedding": [float(x) for x in v]}, ensure_ascii=False) + "\n")
+        else:
+            head = ", ".join(f"{x:+.4f}" for x in v[:4])
+            shown = text if len(text) <= 48 else text[:45] + "..."
+            out.write(f"{shown!r}: [{head}, ...] ({len(v)} floats, norm {float((v * v).sum()) ** 0.5:.3f})\n")
+    return 0
+
+
+def cmd_ask(args, out=None):
+    from jaxlab.retrieval.ask import ask, check_question
+
+    out = out or sys.stdout
+    question = check_question(args.question)  # before anything loads
+    if args.k < 1:
+        raise InvalidRequestError(f"-k must be >= 1 passages, got {args.k}")
+    index = None
+    if not args.no_retrieval:
+        from jaxlab.engine.encoder import load_embedder
+        from jaxlab.retrieval import corpus
+        from jaxlab.retrieval import index as dense
+
+        chunks, info = corpus.build_corpus()
+        index, how = dense.load_or_build(load_embedder(), chunks, info["hash"], progress=sys.stderr.isatty())
+        if not how["cached"]:
+            sys.stderr.write(
+                f"jaxlab ask: indexed {info['chunks']} chunks of the docs in {how['seconds']:.0f} s (cached)\n"
+            )
+    from jaxlab.engine.continuous import Engine
+    from jaxlab.engine.loading import load
+
+    m = load()
+    engine = Engine(m.params, m.tokenizer, slots=1, context=min(2048, m.config.max_seq_len))
+
+    def show(piece):
+        out.write(piece)
+        out.flush()
+
+    answer = ask(engine, m.tokenizer, index, question, k=args.k, max_new_tokens=args.max_new_tokens, on_text=show)
+    out.write("\n")
+    if answer.sources:
+        out.write("\nSources:\n" + "".join(f"  [{i + 1}] {c.path}\n" for i, c in enumerate(answer.sources)))
+    return 0
+
+
 def cmd_bench(args):
     from jaxlab import bench
 
@@ -600,6 +691,8 @@ COMMANDS = {
     "generate": cmd_generate,
     "chat": cmd_chat,
     "serve": cmd_serve,
+    "embed": cmd_embed,
+    "ask": cmd_ask,
     "info": cmd_info,
     "fetch": cmd_fetch,
     "bench": cmd_bench,

@@ -234,6 +234,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="with --serve: the peer's llama-server (default: the one `make llama-cpp` built; 'none': no peer)",
     )
+    parser.add_argument(
+        "--encoder",
+        action="store_true",
+        help="only the sentence encoder: jaxlab's jitted all-MiniLM-L6-v2 against PyTorch eager and torch.compile, "
+        "batch 1/32/128 x length 32/128, and the verdict on 'JAX BERT is 2-3x faster' (needs torch)",
+    )
+    parser.add_argument("--no-torch-compile", action="store_true", help="with --encoder: skip torch.compile")
+    parser.add_argument(
+        "--retrieval",
+        action="store_true",
+        help="only retrieval: the docs corpus and its dense index, dense vs BM25 on the question set, answers with "
+        "and without retrieved passages",
+    )
+    parser.add_argument("--no-rag", action="store_true", help="with --retrieval: skip the answers (the LLM)")
     parser.add_argument("--targets", action="store_true", help="print the issue's targets as PASS/MISS lines")
     parser.add_argument("--json", metavar="PATH", default=None, help="write every number to this JSON file")
     parser.add_argument("--plot", metavar="PATH", default=None, help="write a roofline plot (PNG) to this file")

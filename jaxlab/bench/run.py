@@ -194,6 +194,14 @@ def run_from_args(args: argparse.Namespace, out=None) -> int:
         from jaxlab.bench.trace import run_trace
 
         return run_trace(args, out)
+    if getattr(args, "retrieval", False):
+        from jaxlab.bench.retrieval import run_retrieval
+
+        return run_retrieval(args, out)
+    if getattr(args, "encoder", False):
+        from jaxlab.bench.encoder import run_encoder
+
+        return run_encoder(args, out)
     if getattr(args, "serve", False):
         from jaxlab.bench.serving import run_serve
 
