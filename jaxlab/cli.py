@@ -550,6 +550,8 @@ def cmd_fetch(args, out=None):
     out.write(f"model: {path} (sha256 verified)\n")
     params, _, _ = load_params(args.model, progress=True)
     out.write(f"parameters: {params!r}, ready in {time.perf_counter() - t0:.1f} s\n")
+    encoder = assets.encoder_dir(download=True)
+    out.write(f"encoder: {encoder} (sha256 verified)\n")
     return 0
 
 

