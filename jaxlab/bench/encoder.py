@@ -160,20 +160,14 @@ def render_encoder(res: dict) -> str:
 
 
 def run_encoder(args, out) -> int:
-    from jaxlab.bench.harness import Progress, cpu_name, versions
-    from jaxlab.bench.output import write_json
+    from jaxlab.bench.harness import Progress
+    from jaxlab.bench.output import finish, host_meta
 
     log = Progress()
     quick = bool(getattr(args, "quick", False))
     reps = getattr(args, "reps", None) or (2 if quick else 5)
     res = measure_encoder(quick, reps, not getattr(args, "no_torch_compile", False), log)
     res["verdict"] = encoder_verdict(res)
-    res["meta"] = {"cpu": cpu_name(), "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                   "versions": versions(), "reps": reps, "quick": quick,
-                   "load_average": os.getloadavg()}  # fmt: skip
+    res["meta"] = host_meta(reps=reps, quick=quick)
     text = f"jaxlab bench --encoder  |  {res['meta']['cpu']}  |  {os.cpu_count()} CPUs, torch threads {res['torch_threads']}\n\n"
-    out.write(text + render_encoder(res))
-    out.flush()
-    if getattr(args, "json", None):
-        write_json(res, args.json)
-    return 0
+    return finish(res, text + render_encoder(res), args, out)

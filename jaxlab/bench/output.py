@@ -57,3 +57,34 @@ def write_json(res: dict, path: str) -> None:
     """The results dict as indented JSON (folders created)."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(jsonable(res), indent=1) + "\n")
+
+
+def host_meta(**extra) -> dict:
+    """The host facts every one-purpose run (``--trace``, ``--serve``, ``--encoder``, ``--retrieval``) records:
+    the CPU model, its count, the UTC date, the package versions and the load average, plus ``extra``."""
+    import time
+
+    from jaxlab.bench.harness import cpu_name, versions
+
+    return {"cpu": cpu_name(), "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "versions": versions(), "load_average": os.getloadavg(), **extra}  # fmt: skip
+
+
+def target_status_lines(targets: list[dict]) -> str:
+    """``  PASS  <target>: <measured>`` per target, under a header (what ``--targets`` adds to the report)."""
+    text = "\nTargets (from the ratios above)\n"
+    for t in targets:
+        v = "-" if t["measured"] is None else f"{t['measured']:.2f}"
+        text += f"  {t['status']:4s}  {t['target']}: {v}\n"
+    return text
+
+
+def finish(res: dict, text: str, args, out) -> int:
+    """Print the report (with the targets' lines under ``--targets``) and write ``--json``; the run's exit code."""
+    if getattr(args, "targets", False) and res.get("targets"):
+        text += target_status_lines(res["targets"])
+    out.write(text)
+    out.flush()
+    if getattr(args, "json", None):
+        write_json(res, args.json)
+    return 0

@@ -81,21 +81,13 @@ def render_retrieval(res: dict) -> str:
 
 
 def run_retrieval(args, out) -> int:
-    from jaxlab.bench.harness import Progress, cpu_name, versions
-    from jaxlab.bench.output import write_json
+    from jaxlab.bench.harness import Progress
+    from jaxlab.bench.output import finish, host_meta
 
     log = Progress()
     quick = bool(getattr(args, "quick", False))
     res = measure_retrieval(quick, not getattr(args, "no_rag", False), log)
     res["targets"] = retrieval_targets(res)
-    res["meta"] = {"cpu": cpu_name(), "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                   "versions": versions(), "quick": quick,
-                   "load_average": os.getloadavg(), "elapsed_s": log.elapsed()}  # fmt: skip
+    res["meta"] = host_meta(quick=quick, elapsed_s=log.elapsed())
     text = f"jaxlab bench --retrieval  |  {res['meta']['cpu']}  |  {os.cpu_count()} CPUs\n\n" + render_retrieval(res)
-    if getattr(args, "targets", False):
-        text += "\nTargets\n" + "".join(f"  {t['status']:4s}  {t['target']}\n" for t in res["targets"])
-    out.write(text)
-    out.flush()
-    if getattr(args, "json", None):
-        write_json(res, args.json)
-    return 0
+    return finish(res, text, args, out)

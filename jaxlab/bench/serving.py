@@ -433,21 +433,17 @@ def render_serving(res: dict) -> str:
 def run_serve(args, out) -> int:
     """``jaxlab bench --serve``: measure both servers, print the table (targets with ``--targets``), write
     ``--json``."""
-    from jaxlab.bench.harness import Progress, cpu_name, versions
-    from jaxlab.bench.output import write_json
+    from jaxlab.bench.harness import Progress
+    from jaxlab.bench.output import finish, host_meta
 
     opts = resolve(args)
     log = Progress()
     res = {
         "options": {k: (list(v) if isinstance(v, tuple) else v) for k, v in opts.__dict__.items()},
-        "meta": {
-            "cpu": cpu_name(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "versions": versions(),
-            "llama_cpp": f"llama.cpp vendored in llama-cpp-python=={LLAMA_CPP_VERSION}" if opts.llama_server else None,
-            "load_average_start": os.getloadavg(),
-        },
+        "meta": host_meta(
+            python=platform.python_version(),
+            llama_cpp=f"llama.cpp vendored in llama-cpp-python=={LLAMA_CPP_VERSION}" if opts.llama_server else None,
+        ),
         "what": [
             f"jaxlab serve: continuous batching over a paged KV cache, {opts.quant} weights (re-quantized from the "
             f"GGUF's dequantized Q4_1), {opts.kv_cache} KV cache, XLA:CPU; the load generator shares the machine",
@@ -462,13 +458,4 @@ def run_serve(args, out) -> int:
     res["meta"]["elapsed_s"] = log.elapsed()
     res["targets"] = serve_targets(res)
     text = f"jaxlab bench --serve  |  {res['meta']['cpu']}  |  {os.cpu_count()} CPUs\n\n" + render_serving(res)
-    if getattr(args, "targets", False):
-        text += "\nTargets (from the ratios above)\n"
-        for t in res["targets"]:
-            v = "-" if t["measured"] is None else f"{t['measured']:.2f}"
-            text += f"  {t['status']:4s}  {t['target']}: {v}\n"
-    out.write(text)
-    out.flush()
-    if getattr(args, "json", None):
-        write_json(res, args.json)
-    return 0
+    return finish(res, text, args, out)

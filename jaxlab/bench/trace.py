@@ -426,8 +426,8 @@ def run_trace(args, out) -> int:
     ``--json``."""
     import jax
 
-    from jaxlab.bench.harness import Progress, cpu_name, versions
-    from jaxlab.bench.output import write_json
+    from jaxlab.bench.harness import Progress
+    from jaxlab.bench.output import finish, host_meta
     from jaxlab.engine.loading import load
 
     log = Progress()
@@ -436,25 +436,9 @@ def run_trace(args, out) -> int:
     log("loading the model (embedded SmolLM2-135M, float32)")
     m = load(getattr(args, "model", None), dtype="float32")
     res = measure_trace(m.params, m.tokenizer, quick, reps, log)
-    res["meta"] = {
-        "cpu": cpu_name(),
-        "backend": jax.default_backend(),
-        "device_kind": jax.devices()[0].device_kind,
-        "versions": versions(),
-        "quick": quick,
-    }
+    res["meta"] = host_meta(backend=jax.default_backend(), device_kind=jax.devices()[0].device_kind, quick=quick)
     res["targets"] = trace_targets(res)
     text = (
         f"jaxlab bench --trace  |  {res['meta']['cpu']}  |  {res['meta']['backend']} ({res['meta']['device_kind']})\n\n"
     )
-    text += render_trace(res)
-    if getattr(args, "targets", False):
-        text += "\nTargets (from the ratios above)\n"
-        for t in res["targets"]:
-            v = "-" if t["measured"] is None else f"{t['measured']:.2f}"
-            text += f"  {t['status']:4s}  {t['target']}: {v}\n"
-    out.write(text)
-    out.flush()
-    if getattr(args, "json", None):
-        write_json(res, args.json)
-    return 0
+    return finish(res, text + render_trace(res), args, out)
