@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxlab.engine.plan import bucket
 from jaxlab.engine.programs import Programs
 from jaxlab.errors import ConfigError, InvalidRequestError
 
@@ -297,13 +298,6 @@ def sentence_embeddings(params: EncoderParams, ids: Array, mask: Array) -> Array
 
 
 # ---- the embedder -------------------------------------------------------------------------------------------
-
-
-def bucket(n: int, buckets: Sequence[int]) -> int:
-    for b in buckets:
-        if n <= b:
-            return b
-    return n
 
 
 class Embedder:

