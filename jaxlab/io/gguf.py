@@ -7,6 +7,9 @@ loading could not be tested here.
 GGUF converters (llama.cpp's ``convert_hf_to_gguf.py``) permute the rows of the query and key
 projections from the "rotate half" RoPE layout of Hugging Face checkpoints into llama.cpp's interleaved
 layout. jaxlab's model uses the "rotate half" layout, so :func:`unpermute_qk` undoes that permutation.
+
+:func:`write_gguf` writes the other way (tests make small files of every type with it;
+:mod:`jaxlab.io.export` adds the tokenizer, for llama.cpp and ``transformers``).
 """
 
 from __future__ import annotations
@@ -227,14 +230,36 @@ def load_gguf(path: str | os.PathLike, config: LlamaConfig | None = None, progre
     return cfg, flat
 
 
-def write_gguf(path, cfg: LlamaConfig, flat: dict[str, np.ndarray], qtype: str = "F32", extra_metadata=None) -> None:
-    """Write a Llama model as GGUF (used by tests to make small files of every supported type).
+def write_gguf(
+    path,
+    cfg: LlamaConfig,
+    flat: dict[str, np.ndarray],
+    qtype: str = "F32",
+    extra_metadata: dict[str, Any] | None = None,
+    progress: bool = False,
+) -> None:
+    """Write a Llama model as GGUF: matrices as ``qtype`` (any type ``gguf.quants`` writes: F32, F16, Q8_0...),
+    norms as F32, as in real files. ``flat``: {canonical name: array} (jaxlab's [in, out] layout).
 
-    Q/K are permuted the way llama.cpp's converter does, so a round trip exercises :func:`unpermute_qk`."""
+    Q/K are permuted the way llama.cpp's converter does, so a round trip exercises :func:`unpermute_qk`.
+    ``extra_metadata`` adds key/values (str, bool, int, float, or a list of one of them), e.g. the tokenizer
+    fields of :func:`jaxlab.io.export.gguf_tokenizer_metadata`; a matrix row that is not a whole number of
+    ``qtype``'s blocks is a :class:`ConfigError` naming the tensor."""
     import gguf
+    from tqdm.auto import tqdm
 
+    qt = getattr(gguf.GGMLQuantizationType, str(qtype), None)
+    if qt is None:
+        raise ConfigError(f"unknown GGUF tensor type {qtype!r}; use one of F32, F16, BF16, Q8_0, Q4_0, Q4_1")
+    block = gguf.GGML_QUANT_SIZES[qt][0]
+    rows = _mapping(cfg)
     w = gguf.GGUFWriter(str(path), "llama")
+    w.add_type(gguf.GGUFType.MODEL)
     w.add_name(cfg.name)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    if hasattr(gguf.LlamaFileType, f"MOSTLY_{qtype}") or qtype == "F32":
+        w.add_file_type(gguf.LlamaFileType.ALL_F32 if qtype == "F32" else gguf.LlamaFileType[f"MOSTLY_{qtype}"])
+    w.add_vocab_size(cfg.vocab_size)
     w.add_block_count(cfg.n_layers)
     w.add_context_length(cfg.max_seq_len)
     w.add_embedding_length(cfg.dim)
@@ -252,12 +277,17 @@ def write_gguf(path, cfg: LlamaConfig, flat: dict[str, np.ndarray], qtype: str =
     for k, v in (extra_metadata or {}).items():
         if isinstance(v, str):
             w.add_string(k, v)
+        elif isinstance(v, bool):  # before int: bool is an int in Python, and llama.cpp reads these as bool
+            w.add_bool(k, v)
         elif isinstance(v, int):
             w.add_uint32(k, v)
+        elif isinstance(v, float):
+            w.add_float32(k, v)
         elif isinstance(v, list):
             w.add_array(k, v)
-    qt = getattr(gguf.GGMLQuantizationType, qtype)
-    for gname, cname, how in _mapping(cfg):
+        else:
+            raise ConfigError(f"GGUF metadata {k}: a {type(v).__name__} cannot be stored (str, bool, int, float, list)")
+    for gname, cname, how in tqdm(rows, desc=f"writing {qtype} tensors", unit="tensor", disable=not progress):
         a = np.asarray(flat[cname], np.float32)
         if how in ("q", "k", "T"):
             a = a.T
@@ -271,6 +301,11 @@ def write_gguf(path, cfg: LlamaConfig, flat: dict[str, np.ndarray], qtype: str =
         elif qtype == "F16":
             w.add_tensor(gname, a.astype(np.float16))
         else:
+            if a.shape[-1] % block:
+                raise ConfigError(
+                    f"tensor {gname} has rows of {a.shape[-1]} values, not a multiple of {qtype}'s block of "
+                    f"{block}; write this model as F32 or F16"
+                )
             data = gguf.quants.quantize(a, qt)
             w.add_tensor(gname, data, raw_shape=data.shape, raw_dtype=qt)
     w.write_header_to_file()

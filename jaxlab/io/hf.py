@@ -11,6 +11,9 @@ every projection is transposed from PyTorch's ``[out, in]`` to jaxlab's ``[in, o
 permutation: Hugging Face checkpoints already use the "rotate half" RoPE layout of jaxlab's model (the
 permutation only exists in GGUF files, see :mod:`jaxlab.io.gguf`).
 
+:func:`write_hf` is the way back (``model.safetensors`` in float32, float16 or bfloat16, ``config.json``,
+``generation_config.json``); :mod:`jaxlab.io.export` adds the tokenizer files.
+
 The hub models ``HuggingFaceTB/SmolLM2-135M-Instruct`` and ``HuggingFaceTB/SmolLM2-360M-Instruct`` hold
 the ORIGINAL bfloat16 weights. The lab's embedded model is a Q4_1 GGUF quantization of the 135M one,
 so its outputs differ slightly from the hub checkpoint's (logits by a few percent, and greedy
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -240,3 +244,71 @@ def load_hf(folder_or_repo_id: str | os.PathLike, config: LlamaConfig | None = N
                 "model.embed_tokens.weight; set tie_word_embeddings=false in config.json"
             )
     return cfg, flat
+
+
+def _shortest(x: float) -> float:
+    """A float32 value as the shortest decimal that reads back as it (GGUF's 9.999999747e-06 -> 1e-05)."""
+    return float(str(np.float32(x)))
+
+
+def hf_config_json(cfg: LlamaConfig, dtype: str = "float32") -> dict[str, Any]:
+    """The ``config.json`` of a ``LlamaForCausalLM`` for ``cfg``: what ``transformers`` 5 writes, plus the
+    top-level ``rope_theta`` that older readers (transformers 4, llama.cpp's converter) look for."""
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": cfg.bos_id,
+        "eos_token_id": cfg.eos_id,
+        "pad_token_id": cfg.pad_id,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "hidden_size": cfg.dim,
+        "initializer_range": 0.02,
+        "intermediate_size": cfg.ffn_dim,
+        "max_position_embeddings": cfg.max_seq_len,
+        "mlp_bias": False,
+        "num_attention_heads": cfg.n_heads,
+        "num_hidden_layers": cfg.n_layers,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "pretraining_tp": 1,
+        "rms_norm_eps": _shortest(cfg.norm_eps),
+        "rope_theta": _shortest(cfg.rope_theta),
+        "rope_parameters": {"rope_theta": _shortest(cfg.rope_theta), "rope_type": "default"},
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "dtype": dtype,
+        "use_cache": True,
+        "vocab_size": cfg.vocab_size,
+    }
+
+
+def write_hf(
+    folder: str | os.PathLike,
+    cfg: LlamaConfig,
+    flat: dict[str, np.ndarray],
+    dtype: str = "float32",
+    progress: bool = False,
+) -> list[Path]:
+    """Write a Hugging Face Llama checkpoint -> the files written: ``model.safetensors`` (HF names, PyTorch's
+    [out, in] layout, ``dtype`` one of float32, float16, bfloat16), ``config.json`` and
+    ``generation_config.json``. The inverse of :func:`load_hf`; ``folder`` must exist."""
+    import ml_dtypes
+    from safetensors.numpy import save_file
+    from tqdm.auto import tqdm
+
+    if dtype not in _FLOAT_DTYPES:
+        raise ConfigError(f"unknown checkpoint dtype {dtype!r}; choose one of {', '.join(_FLOAT_DTYPES)}")
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    folder = Path(folder)
+    tensors = {}
+    for hname, cname, transpose in tqdm(_mapping(cfg), desc="converting", unit="tensor", disable=not progress):
+        w = np.asarray(flat[cname], np.float32)
+        tensors[hname] = np.ascontiguousarray((w.T if transpose else w).astype(np_dtype))
+    if progress:
+        print(f"writing {folder / 'model.safetensors'}", file=sys.stderr)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})  # "pt": transformers asks
+    gen = {"bos_token_id": cfg.bos_id, "eos_token_id": cfg.eos_id, "pad_token_id": cfg.pad_id}
+    for name, obj in (("config.json", hf_config_json(cfg, dtype)), ("generation_config.json", gen)):
+        (folder / name).write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+    return [folder / n for n in ("model.safetensors", "config.json", "generation_config.json")]
