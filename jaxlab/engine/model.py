@@ -72,18 +72,26 @@ class Policy:
     precision: str = "highest"
 
     def __post_init__(self):
-        if self.dtype not in DTYPES:
+        if self.dtype == "float64" and not jax.config.jax_enable_x64:
+            raise ConfigError('the "float64" policy needs 64-bit JAX: jax.config.update("jax_enable_x64", True) first')
+        if self.dtype not in DTYPES and self.dtype != "float64":
             raise ConfigError(f"unknown dtype {self.dtype!r}; choose one of {sorted(DTYPES)}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"unknown matmul precision {self.precision!r}; choose one of {sorted(PRECISIONS)}")
 
     @property
     def jnp_dtype(self):
-        return DTYPES[self.dtype]
+        return jnp.float64 if self.dtype == "float64" else DTYPES[self.dtype]
 
     @property
     def lax_precision(self):
         return PRECISIONS[self.precision]
+
+    @property
+    def acc_dtype(self):
+        """What matmuls sum in and what the residual stream, norms, RoPE, softmax and logits are computed in:
+        float32, or float64 under the "float64" policy (gradient checks with ``jax_enable_x64``)."""
+        return jnp.float64 if self.dtype == "float64" else jnp.float32
 
 
 BF16_MIN_COMPUTE_CAPABILITY = (8, 0)  # Ampere (A100, sm 80) and later have bfloat16 tensor cores
@@ -156,30 +164,36 @@ def default_policy(dtype: str = "float32", backend: str | None = None) -> Policy
 # --------------------------------------------------------------------------------------------------
 
 
-def _matmul(spec: str, a: Array, b: Array, policy: Policy) -> Array:
+def matmul(spec: str, a: Array, b: Array, policy: Policy) -> Array:
     """``einsum(spec, a, b)`` as every float matmul of the model runs: the inputs in the policy's dtype, at its
     precision, the sums and the output in float32 (under bfloat16, 8-bit scores or logits would turn
     near-ties into coin flips)."""
     dt = policy.jnp_dtype
     return jnp.einsum(
-        spec, a.astype(dt), b.astype(dt), precision=policy.lax_precision, preferred_element_type=jnp.float32
+        spec, a.astype(dt), b.astype(dt), precision=policy.lax_precision, preferred_element_type=policy.acc_dtype
     )
 
 
-def _dense(x: Array, kernel: Array | QuantizedMatrix, policy: Policy) -> Array:
-    # [..., I] x [I, O] -> [..., O] float32
-    if not isinstance(kernel, jax.Array):  # the quantization hook: a jaxlab.quant.QuantizedMatrix
-        return kernel.dot(x).astype(jnp.float32)
-    return _matmul("...i,io->...o", x, kernel, policy)
+def dense(x: Array, kernel: Array | Any, policy: Policy) -> Array:
+    """The linear layer: x [..., I] times a kernel [I, O] -> [..., O] float32 (float64 under that policy).
+
+    The one hook of the model's linear layers: a kernel that is not an array is an object with
+    ``dot(x, policy)``, which the layer calls instead of the matmul: a quantized matrix
+    (:class:`jaxlab.quant.QuantizedMatrix`), or a frozen kernel with a low-rank adapter beside it
+    (:class:`jaxlab.train.lora.LoraKernel`)."""
+    if not isinstance(kernel, jax.Array):
+        return kernel.dot(x, policy).astype(policy.acc_dtype)
+    return matmul("...i,io->...o", x, kernel, policy)
 
 
 class RMSNorm(nnx.Module):
     def __init__(self, dim: int, eps: float, policy: Policy):
         self.weight = nnx.Param(jnp.ones((dim,), policy.jnp_dtype))
         self.eps = eps
+        self.policy = policy
 
     def __call__(self, x: Array) -> Array:  # [..., D] -> [..., D]
-        x32 = x.astype(jnp.float32)
+        x32 = x.astype(self.policy.acc_dtype)
         y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
         return self.weight.astype(x.dtype) * y.astype(x.dtype)
 
@@ -189,10 +203,10 @@ def rope_frequencies(head_dim: int, theta: float) -> np.ndarray:
     return 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
 
 
-def rope_cos_sin(positions: Array, head_dim: int, theta: float) -> tuple[Array, Array]:
-    """cos and sin tables for integer positions [B, T] -> two [B, T, head_dim] float32 arrays."""
-    inv_freq = jnp.asarray(rope_frequencies(head_dim, theta), jnp.float32)
-    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, d/2]
+def rope_cos_sin(positions: Array, head_dim: int, theta: float, dtype=jnp.float32) -> tuple[Array, Array]:
+    """cos and sin tables for integer positions [B, T] -> two [B, T, head_dim] float32 (or ``dtype``) arrays."""
+    inv_freq = jnp.asarray(rope_frequencies(head_dim, theta), dtype)
+    angles = positions.astype(dtype)[..., None] * inv_freq  # [B, T, d/2]
     angles = jnp.concatenate([angles, angles], axis=-1)  # [B, T, d]
     return jnp.cos(angles), jnp.sin(angles)
 
@@ -205,8 +219,8 @@ def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
     extra = x.ndim - cos.ndim  # broadcast over head axes
     cos = cos.reshape(cos.shape[:2] + (1,) * extra + cos.shape[2:])
     sin = sin.reshape(sin.shape[:2] + (1,) * extra + sin.shape[2:])
-    x32 = x.astype(jnp.float32)
-    return (x32 * cos + rotated.astype(jnp.float32) * sin).astype(x.dtype)
+    x32 = x.astype(cos.dtype)
+    return (x32 * cos + rotated.astype(cos.dtype) * sin).astype(x.dtype)
 
 
 class Attention(nnx.Module):
@@ -228,14 +242,14 @@ class Attention(nnx.Module):
         # plus (K scales, V scales) [B*KVH, S] for the int8 cache; a PagedLayer for the paged cache; or None
         cfg, pol = self.cfg, self.policy
         b, t, _ = x.shape
-        q = _dense(x, self.wq.get_value(), pol).reshape(b, t, cfg.n_kv_heads, cfg.q_per_kv, cfg.head_dim)
-        k = _dense(x, self.wk.get_value(), pol).reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
-        v = _dense(x, self.wv.get_value(), pol).reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
+        q = dense(x, self.wq.get_value(), pol).reshape(b, t, cfg.n_kv_heads, cfg.q_per_kv, cfg.head_dim)
+        k = dense(x, self.wk.get_value(), pol).reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
+        v = dense(x, self.wv.get_value(), pol).reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if isinstance(cache_kv, PagedLayer):  # the paged cache: each row its own positions, read through its pages
             layer = write_pages(cache_kv, k, v, positions)
-            out = read_pages(q, layer, positions, lambda spec, a, b: _matmul(spec, a, b, pol))
-            return _dense(out.astype(x.dtype), self.wo.get_value(), pol), layer
+            out = read_pages(q, layer, positions, lambda spec, a, b: matmul(spec, a, b, pol))
+            return dense(out.astype(x.dtype), self.wo.get_value(), pol), layer
         # Cache layouts: K [B*KVH, S, Hd] and V [B*KVH, Hd, S]. Both attention matmuls then contract
         # over a minor axis and have one batch axis with no size-1 dimension; with [B, S, KVH, Hd]
         # (or any layout with a size-1 batch axis) XLA copied every layer's whole cache each step.
@@ -265,19 +279,19 @@ class Attention(nnx.Module):
         if k_scale is not None:
             scores = int8_bmm(q, k, 2) * k_scale[:, None, :]
         else:
-            scores = _matmul("nqd,nsd->nqs", q, k, pol)
+            scores = matmul("nqd,nsd->nqs", q, k, pol)
         s_len = scores.shape[-1]
-        scores = scores.astype(jnp.float32).reshape(b, cfg.n_kv_heads, cfg.q_per_kv, t, s_len) * (cfg.head_dim**-0.5)
+        scores = scores.astype(pol.acc_dtype).reshape(b, cfg.n_kv_heads, cfg.q_per_kv, t, s_len) * (cfg.head_dim**-0.5)
         visible = (key_positions[:, None, :] >= 0) & (key_positions[:, None, :] <= positions[:, :, None])
         scores = jnp.where(visible[:, None, None], scores, MASK_VALUE)  # visible [B, T, S]
         probs = jax.nn.softmax(scores, axis=-1).reshape(bk, g_t, s_len)
         if v_scale is not None:  # fold each value vector's scale into its attention weight
             out = int8_bmm(probs * v_scale[:, None, :], v, 2)  # [B*KVH, G*T, Hd]
         else:
-            out = _matmul("nqs,nds->nqd", probs, v, pol)
+            out = matmul("nqs,nds->nqd", probs, v, pol)
         out = out.reshape(b, cfg.n_kv_heads, cfg.q_per_kv, t, cfg.head_dim).transpose(0, 3, 1, 2, 4)
         out = out.reshape(b, t, cfg.n_heads * cfg.head_dim).astype(x.dtype)
-        return _dense(out, self.wo.get_value(), pol), new_kv
+        return dense(out, self.wo.get_value(), pol), new_kv
 
 
 class MLP(nnx.Module):
@@ -293,9 +307,9 @@ class MLP(nnx.Module):
 
     def __call__(self, x: Array) -> Array:  # [B, T, D] -> [B, T, D]
         pol = self.policy
-        gate = _dense(x, self.w_gate.get_value(), pol)
-        up = _dense(x, self.w_up.get_value(), pol)
-        return _dense(jax.nn.silu(gate) * up, self.w_down.get_value(), pol)
+        gate = dense(x, self.w_gate.get_value(), pol)
+        up = dense(x, self.w_up.get_value(), pol)
+        return dense(jax.nn.silu(gate) * up, self.w_down.get_value(), pol)
 
 
 class Block(nnx.Module):
@@ -344,31 +358,35 @@ class Llama(nnx.Module):
         last_only: bool = False,
         upto: int | tuple[int, ...] | None = None,
         reduce: Reduce | None = None,
+        remat: bool = False,
+        at: Array | None = None,
     ):
         """tokens, positions [B, T] int -> logits [B, T or 1, V] float32, updated cache.
 
         With a cache, the T new tokens are written at slots ``cache.index .. cache.index+T-1``; with a paged cache
         (:class:`~jaxlab.engine.paged.PagedKVCache`) each token at its own position, in its row's pages.
         ``last_only`` computes logits for the last position only (what prefill needs: with left padding
-        the last position is every row's last real token). ``upto`` and ``reduce``: see :func:`forward`."""
+        the last position is every row's last real token). ``upto``, ``reduce``, ``remat`` and ``at``: see :func:`forward`."""
         cfg = self.cfg
         exits = check_upto(upto, cfg.n_layers)
         layers = list(self.layers)[: exits[-1]]
+        if remat and cache is not None:
+            raise ConfigError("remat is for training passes (no KV cache): call forward without a cache")
         if cache is not None and len(cache.k) != len(layers):
             raise ConfigError(
                 f"the KV cache holds {len(cache.k)} layers but the pass runs {len(layers)}: "
                 f"a cache for upto={len(layers)} is init_cache(config.replace(n_layers={len(layers)}), ...)"
             )
-        dt = self.policy.jnp_dtype
+        dt, acc = self.policy.jnp_dtype, self.policy.acc_dtype
         embed = self.embed.get_value()
         # The residual stream, norms and element-wise work are float32 under every policy; only the matmul
-        # inputs take the policy's dtype (_dense). Under bfloat16 this keeps teacher-forced top-1 agreement
+        # inputs take the policy's dtype (dense). Under bfloat16 this keeps teacher-forced top-1 agreement
         # with the float32 reference at 192/192 golden positions instead of 189/192 (tests/engine/test_backend_numerics.py).
         if not isinstance(embed, jax.Array):  # quantized (jaxlab.quant)
-            x = embed.rows(tokens).astype(dt).astype(jnp.float32)  # [B, T, D]
+            x = embed.rows(tokens).astype(dt).astype(acc)  # [B, T, D]
         else:
-            x = jnp.take(embed, tokens, axis=0).astype(dt).astype(jnp.float32)  # [B, T, D]
-        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
+            x = jnp.take(embed, tokens, axis=0).astype(dt).astype(acc)  # [B, T, D]
+        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, acc)
         paged = isinstance(cache, PagedKVCache)
         if cache is not None and not paged:
             key_positions = jax.lax.dynamic_update_slice(cache.pos, positions.astype(cache.pos.dtype), (0, cache.index))
@@ -383,12 +401,17 @@ class Llama(nnx.Module):
                 elif cache is not None:
                     kv = (cache.k[i], cache.v[i]) + ((cache.k_scale[i], cache.v_scale[i]) if cache.k_scale else ())
                 index = None if cache is None or paged else cache.index
-                x, kv = layer(x, positions, cos, sin, key_positions, kv, index, reduce)
+                if remat:  # keep only each layer's input for the backward pass; recompute the inside
+                    x, kv = jax.checkpoint(
+                        lambda h, lyr=layer: lyr(h, positions, cos, sin, key_positions, reduce=reduce)
+                    )(x)
+                else:
+                    x, kv = layer(x, positions, cos, sin, key_positions, kv, index, reduce)
             if kv is not None:
                 new_kv.append(kv)
             if i + 1 in exits[:-1]:  # an early exit: this layer's output read by the final norm and head
-                early.append(self.head(x, last_only))
-        logits = self.head(x, last_only)
+                early.append(self.head(x, last_only, at))
+        logits = self.head(x, last_only, at)
         if isinstance(upto, tuple):
             logits = (*early, logits)  # one [B, T or 1, V] per exit
         if cache is None:
@@ -401,11 +424,13 @@ class Llama(nnx.Module):
         new_cache = KVCache(k=tuple(parts[0]), v=tuple(parts[1]), pos=key_positions, index=cache.index + t, **scales)
         return logits, new_cache
 
-    def head(self, x: Array, last_only: bool = False) -> Array:
-        """The residual stream [B, T, D] -> logits [B, T (or 1 with ``last_only``), V] float32: the final
-        norm, then the output projection (the tied embedding, or ``lm_head``)."""
+    def head(self, x: Array, last_only: bool = False, at: Array | None = None) -> Array:
+        """The residual stream [B, T, D] -> logits [B, T (or 1 with ``last_only``, or A with ``at`` [B, A]), V] float32:
+        the final norm, then the output projection (the tied embedding, or ``lm_head``)."""
         if last_only:
             x = x[:, -1:]
+        elif at is not None:
+            x = jnp.take_along_axis(x, at[..., None].astype(jnp.int32), axis=1)  # [B, A, D]
         x = self.norm(x)
         embed = self.embed.get_value()
         if self.cfg.tie_embeddings:
@@ -414,10 +439,10 @@ class Llama(nnx.Module):
             if not isinstance(embed, jax.Array):
                 logits = embed.dot(x)
             else:
-                logits = _matmul("btd,vd->btv", x, embed, self.policy)
+                logits = matmul("btd,vd->btv", x, embed, self.policy)
         else:
-            logits = _dense(x, self.lm_head.get_value(), self.policy)
-        return logits.astype(jnp.float32)
+            logits = dense(x, self.lm_head.get_value(), self.policy)
+        return logits.astype(self.policy.acc_dtype)
 
 
 def check_upto(upto, n_layers: int) -> tuple[int, ...]:
@@ -548,6 +573,8 @@ def forward(
     last_only: bool = False,
     upto: int | tuple[int, ...] | None = None,
     reduce: Reduce | None = None,
+    remat: bool = False,
+    at: Array | None = None,
 ):
     """The pure step: ``(params, tokens [B, T], positions [B, T], cache) -> (logits [B, T or 1, V], cache)``.
 
@@ -563,8 +590,12 @@ def forward(
     * ``reduce``: a function applied to the outputs of the row-parallel matmuls (``wo`` and ``w_down``,
       each [B, T, D]) before the residual add; None is the identity. Inside a tensor-parallel ``shard_map``
       it is ``lambda x: jax.lax.psum(x, "model")``: each device holds some heads and MLP units, so those
-      outputs are partial sums, and the all-reduce makes them whole."""
-    return params.module()(tokens, positions, cache, last_only=last_only, upto=upto, reduce=reduce)
+      outputs are partial sums, and the all-reduce makes them whole.
+    * ``remat`` (training passes, no cache): each layer under ``jax.checkpoint``, so the backward pass keeps
+      only the layers' inputs and recomputes the rest (less memory, about one more forward pass of time).
+    * ``at`` [B, A] int: logits only at these positions of each row, [B, A, V] (training scores the answer's
+      tokens only: the output head, a fifth of the model's work, then runs on A positions instead of T)."""
+    return params.module()(tokens, positions, cache, last_only=last_only, upto=upto, reduce=reduce, remat=remat, at=at)
 
 
 def cast_params(params: Params, policy: Policy) -> Params:

@@ -32,7 +32,7 @@ class _Probe:
     def __init__(self, w_oi: Array, name: str, stats: dict):
         self.w, self.name, self.stats = w_oi, name, stats
 
-    def dot(self, x: Array) -> Array:
+    def dot(self, x: Array, policy=None) -> Array:
         a = np.abs(np.asarray(x, np.float32)).reshape(-1, x.shape[-1]).max(0)
         prev = self.stats.get(self.name)
         self.stats[self.name] = a if prev is None else np.maximum(prev, a)

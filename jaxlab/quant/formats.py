@@ -11,7 +11,7 @@ Formats (``FORMATS``):
   run time (symmetric, dynamic), accumulated in int32.
 
 The hook: :class:`QuantizedMatrix` is a pytree that sits where a float kernel sits in the parameter
-tree. ``jaxlab.engine.model._dense`` sees it and calls :meth:`QuantizedMatrix.dot` instead of ``einsum``; the
+tree. ``jaxlab.engine.model.dense`` sees it and calls :meth:`QuantizedMatrix.dot` instead of ``einsum``; the
 embedding lookup calls :meth:`QuantizedMatrix.rows`. There is no second model: ``forward``, ``jit``,
 ``Generator`` and the CLI run quantized parameters unchanged. :func:`quantize_params` builds them
 from float :class:`~jaxlab.engine.model.Params`. The int8 KV cache lives in :mod:`jaxlab.engine.kvcache`
@@ -107,7 +107,9 @@ class QuantizedMatrix:
 
     # -- the matmul: x [..., in] -> [..., out] -------------------------------------------------
 
-    def dot(self, x: Array) -> Array:
+    def dot(self, x: Array, policy=None) -> Array:
+        """x [..., in] -> [..., out] float32. ``policy`` (the model's :class:`~jaxlab.engine.model.Policy`, passed by
+        the linear-layer hook) is not used: a quantized matrix always computes as described above."""
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
         if self.fmt == "w8a8":
