@@ -96,8 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--draft-k", type=int, default=4, metavar="K", help="draft tokens verified per call (default 4)")
     g.add_argument("--draft-layers", type=int, default=8, metavar="L", help="layers of the draft model (default 8)")
+    g.add_argument("--adapter", default=None, metavar="DIR", help="a LoRA adapter from `jaxlab finetune`, merged in")
     model_opts(g)
     sampling_opts(g)
+
+    t = sub.add_parser("finetune", help="train a LoRA adapter on prompt/answer pairs (JSONL), with optax")
+    from jaxlab.train import command
+
+    command.add_arguments(t)
 
     c = sub.add_parser("chat", help="interactive chat with history and streamed output")
     c.add_argument("--system", default=None, help="system message")
@@ -151,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None, help="hf (default float32)")
     x.add_argument("--model", default=None, help="embedded name (default), a .gguf file or a HF checkpoint folder")
     x.add_argument("--overwrite", action="store_true", help="replace an existing file, or write into a full folder")
+    x.add_argument("--adapter", default=None, metavar="DIR", help="a LoRA adapter from `jaxlab finetune`, merged in")
 
     b = sub.add_parser("bench", help="measure prefill/decode speed against the roofline and transformers")
     from jaxlab import bench
@@ -244,8 +251,24 @@ def _load(args):
     compile_cache.enable()
     group = DEFAULT_GROUP if args.group_size is None else args.group_size
     # progress bars (conversion, quantization) only where someone watches
+    if getattr(args, "adapter", None) and args.quant:
+        raise InvalidRequestError(
+            "--adapter with --quant is not supported: the adapter is merged into float weights "
+            "(export the merged model, then quantize it, or drop --quant)"
+        )
     m = load(args.model, dtype=args.dtype, quant=args.quant, group_size=group, progress=sys.stderr.isatty())
+    if getattr(args, "adapter", None):
+        m = _with_adapter(m, args.adapter)
     return m
+
+
+def _with_adapter(m, folder):
+    """The model with a LoRA adapter folder merged into its weights (a clear error if it does not fit)."""
+    import dataclasses
+
+    from jaxlab.train import lora
+
+    return dataclasses.replace(m, params=lora.merge_folder(m.params, folder))
 
 
 def _engine(args, m, slots: int, context: int):
@@ -573,7 +596,9 @@ def cmd_export(args, out=None):
     export.check_output(args.format, args.out, args.overwrite)
     t0 = time.perf_counter()
     m = load(args.model, dtype="float32", progress=sys.stderr.isatty())
-    params = m.params  # the parameters to write: the one place where a LoRA adapter would be merged in
+    if args.adapter:
+        m = _with_adapter(m, args.adapter)
+    params = m.params  # the parameters to write (a LoRA adapter merged in)
     what = (args.qtype or "F16") if args.format == "gguf" else (args.dtype or "float32")
     sys.stderr.write(f"exporting {m.source} as {args.format} ({what}) to {args.out}\n")
     source = m.path if m.path is not None and m.path.suffix == ".gguf" else None
@@ -584,6 +609,12 @@ def cmd_export(args, out=None):
     size = export.size_on_disk(path)
     out.write(f"wrote {path} ({args.format}, {what}, {size / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f} s\n")
     return 0
+
+
+def cmd_finetune(args, out=None):
+    from jaxlab.train import command
+
+    return command.run(args, out or sys.stdout)
 
 
 def _served_name(model) -> str:
@@ -729,6 +760,7 @@ COMMANDS = {
     "info": cmd_info,
     "fetch": cmd_fetch,
     "export": cmd_export,
+    "finetune": cmd_finetune,
     "bench": cmd_bench,
 }
 

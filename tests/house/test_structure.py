@@ -21,7 +21,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "jaxlab"
 ENGINE = "jaxlab.engine"
-ABOVE_ENGINE = ("jaxlab.lab", "jaxlab.bench", "jaxlab.cli", "jaxlab.colab", "jaxlab.serve", "jaxlab.retrieval")
+ABOVE_ENGINE = (
+    "jaxlab.lab",
+    "jaxlab.bench",
+    "jaxlab.cli",
+    "jaxlab.colab",
+    "jaxlab.serve",
+    "jaxlab.retrieval",
+    "jaxlab.train",
+)
 MAX_LINES = 800
 # Where Python lives in this repository: the package, its tests, the scripts, the benchmark scripts and the
 # notebooks' committed text sources (with the exercises' solutions they load).

@@ -1,0 +1,58 @@
+"""`jaxlab finetune` and `--adapter`: bad input ends in one clear line before any model is loaded or trained, and an
+adapter folder merges into the real model."""
+
+import numpy as np
+import pytest
+
+from jaxlab.cli import main
+from jaxlab.engine.config import tiny
+from jaxlab.engine.model import init_params
+from jaxlab.errors import ConfigError
+from jaxlab.train import lora
+
+
+def run_main(capsys, args):
+    try:
+        code = main(args)
+    except SystemExit as e:  # argparse
+        code = e.code
+    _, err = capsys.readouterr()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert "Traceback" not in err and len(lines) == 1, err
+    return code, lines[0]
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (["finetune", "--out", "{tmp}/o", "--data", "{tmp}/missing.jsonl"], "no such file"),
+        (["finetune", "--out", "{tmp}/o", "--data", "{tmp}/bad.jsonl"], "not JSON"),
+        (["finetune", "--out", "{tmp}/o", "--rank", "0"], "rank must be a positive integer"),
+        (["finetune", "--out", "{tmp}/o", "--targets", "wq,embed"], "LoRA targets"),
+        (["finetune", "--out", "{tmp}/o", "--steps", "5", "--warmup", "5"], "warm-up"),
+        (["finetune", "--out", "{tmp}/o", "--lr", "-1"], "learning rate must be positive"),
+        (["generate", "--adapter", "{tmp}", "--quant", "int8", "hi"], "--adapter with --quant is not supported"),
+        (["finetune", "--steps", "3"], "required"),
+    ],
+)
+def test_bad_finetune_requests_end_in_one_line(tmp_path, capsys, args, match):
+    (tmp_path / "bad.jsonl").write_text("not json\n")
+    code, line = run_main(capsys, [a.replace("{tmp}", str(tmp_path)) for a in args])
+    assert code != 0 and match in line
+
+
+def test_adapter_folder_merges_into_the_real_model_and_a_foreign_one_is_refused(smollm, tmp_path):
+    config = lora.LoraConfig(rank=2, targets=("wq",))
+    adapter = lora.init_adapter(smollm.params, config, 0)
+    name = "layers.3.attn.wq"
+    adapter[name]["b"] = adapter[name]["b"] + 0.01
+    lora.save(tmp_path / "real", adapter, config, base=smollm.config.name)
+    merged = lora.merge_folder(smollm.params, tmp_path / "real").flat()
+    base = smollm.params.flat()
+    want = np.asarray(base[name]) + config.scale * np.asarray(adapter[name]["a"]) @ np.asarray(adapter[name]["b"])
+    np.testing.assert_allclose(np.asarray(merged[name]), want, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(merged["layers.4.attn.wq"]), np.asarray(base["layers.4.attn.wq"]))
+    small = init_params(tiny(), 0)
+    lora.save(tmp_path / "tiny", lora.init_adapter(small, config), config, base="tiny")
+    with pytest.raises(ConfigError, match="was trained on tiny"):
+        lora.merge_folder(smollm.params, tmp_path / "tiny")
