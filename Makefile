@@ -67,9 +67,10 @@ llama-cpp:
 
 # `jaxlab export --format gguf` checked against llama.cpp: each file is exported, served by llama-server alone
 # (weights and tokenizer from the file) and asked for greedy tokens, which must be jaxlab's on the same file
-# (scripts/peer_check.py; about a minute on 2 cores). What it printed: benchmarks/peers-export.txt.
+# (scripts/peer_check.py; about a minute on 2 cores; ADAPTER=DIR checks a fine-tuned adapter merged in). What it
+# printed: benchmarks/peers-export.txt; its results: data/bench/peers-export.json (notebook 15 reads them).
 peers: $(LAB_STAMP) llama-cpp
-	$(CPU) $(BIN)/python scripts/peer_check.py
+	$(CPU) $(BIN)/python scripts/peer_check.py --json data/bench/peers-export.json $(if $(ADAPTER),--adapter $(ADAPTER))
 
 reference: $(TEST_STAMP)
 	$(CPU) $(BIN)/python scripts/make_reference.py

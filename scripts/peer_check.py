@@ -18,12 +18,17 @@ same weights, but llama.cpp's CPU matmuls round the activations to F16 (F16 file
 files), so a close call may go the other way. One PASS line per file when no prompt differs and the tokenization
 agrees, else MISS; the exit status is 1 on a MISS.
 
+With ``--adapter DIR`` (a LoRA adapter from ``jaxlab finetune``) the adapter is merged before the export, two items
+of the shipped fine-tuning task's test split join the prompts and 32 tokens are compared (a whole JSON answer): the
+tuned behaviour must survive the trip to llama.cpp. ``--json PATH`` writes the results (notebook 15 reads them).
+
 Usage: python scripts/peer_check.py [--model M] [--qtypes F16,Q8_0] [--n 16] [--llama-server PATH] [--keep DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -46,9 +51,12 @@ NEAR_TIE = 0.5  # log-probability gap under which two candidates count as tied (
 
 
 def params_to_export(model, args):
-    """The float parameters to export: the loaded model's. The hook for a LoRA adapter: add ``--adapter DIR`` to
-    the parser in :func:`main` and merge it here (as ``jaxlab generate --adapter`` does), so the check runs on the
-    fine-tuned weights."""
+    """The float parameters to export: the loaded model's, with ``--adapter DIR`` (a LoRA adapter) merged in, so
+    the check runs on the fine-tuned weights."""
+    if args.adapter:
+        from jaxlab.train import lora
+
+        return lora.merge_folder(model.params, args.adapter)
     return model.params
 
 
@@ -106,41 +114,46 @@ def compare(params, prompt, ours, theirs, their_top, eog) -> tuple[str, str]:
     )
 
 
-def check_file(path: Path, qtype: str, server: Path, n: int, log) -> bool:
+def check_file(path: Path, qtype: str, server: Path, n: int, log, texts=PROMPTS) -> dict:
     tok = Tokenizer.from_gguf(path)
     cfg, flat = load_gguf(path)
     params = params_from_flat(cfg, flat)
-    prompts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=True) for p in PROMPTS]
+    prompts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=True) for p in texts]
     ours = [r.generated_ids for r in Generator(params, tok).generate(prompts, max_new_tokens=n, ignore_eos=True)]
     port = free_port()
     argv = [str(server), "-m", str(path), "-t", "2", "-c", "1024", "--host", "127.0.0.1", "--port", str(port)]
     with ServerProcess(f"llama-server {qtype}", argv + ["--no-webui"], port, log):
         answers = [llama_greedy(port, ids, n) for ids in prompts]
-        text = tok.apply_chat_template([{"role": "user", "content": PROMPTS[0]}])
+        text = tok.apply_chat_template([{"role": "user", "content": texts[0]}])
         tokenized = llama_tokenize(port, text) == prompts[0]
     verdicts = [compare(params, p, a, b, top, tok.special_ids) for p, a, (b, top) in zip(prompts, ours, answers)]
     kinds = [v for v, _ in verdicts]
     ok = "differs" not in kinds and tokenized
-    print(
-        f"{'PASS' if ok else 'MISS'}  {qtype:5s} {path.name} ({path.stat().st_size / 1e6:.1f} MB): of {len(kinds)} "
+    summary = (
+        f"{path.name} ({path.stat().st_size / 1e6:.1f} MB): of {len(kinds)} "
         f"prompts, {kinds.count('same')} give the same greedy tokens (up to {n}) in llama-server and jaxlab, "
         f"{kinds.count('near-tie')} part at a near-tie, {kinds.count('differs')} differ; llama-server tokenizes the "
-        f"chat prompt {'as jaxlab does' if tokenized else 'DIFFERENTLY'}",
-        flush=True,
+        f"chat prompt {'as jaxlab does' if tokenized else 'DIFFERENTLY'}"
     )
-    for i, (kind, what) in enumerate(verdicts):
-        if kind != "same":
-            print(f"      prompt {i} ({PROMPTS[i]!r}): {kind}: {what}", flush=True)
-    return ok
+    print(f"{'PASS' if ok else 'MISS'}  {qtype:5s} {summary}", flush=True)
+    details = [
+        f"prompt {i} ({texts[i][:60]!r}): {kind}: {what}" for i, (kind, what) in enumerate(verdicts) if kind != "same"
+    ]
+    for line in details:
+        print(f"      {line}", flush=True)
+    return {"qtype": qtype, "status": "PASS" if ok else "MISS", "summary": summary, "details": details,
+            "verdicts": kinds, "tokenized_alike": tokenized}  # fmt: skip
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="what to export (default: the embedded model)")
     p.add_argument("--qtypes", default="F16,Q8_0", help=f"comma-separated, of {', '.join(GGUF_QTYPES)}")
-    p.add_argument("--n", type=int, default=16, help="new tokens per prompt")
+    p.add_argument("--n", type=int, default=16, help="new tokens per prompt (with --adapter: at least 32)")
     p.add_argument("--llama-server", default=None, help="default: the one `make llama-cpp` built")
     p.add_argument("--keep", default=None, metavar="DIR", help="write the GGUF files here (default: a temp folder)")
+    p.add_argument("--adapter", default=None, metavar="DIR", help="a LoRA adapter (jaxlab finetune) merged in first")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the results here (notebook 15 reads them)")
     args = p.parse_args(argv)
     server = Path(args.llama_server) if args.llama_server else llama_server_path()
     if not server.is_file():
@@ -151,15 +164,26 @@ def main(argv=None) -> int:
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {cpu_name()}", flush=True)  # fmt: skip
     model = load(args.model, dtype="float32")
     params = params_to_export(model, args)
-    ok = True
+    texts = list(PROMPTS)
+    if args.adapter:  # two test items of the shipped fine-tuning task: the tuned behaviour must survive the export
+        from jaxlab.io.assets import data_file
+        from jaxlab.train.data import read_jsonl
+
+        texts += [e["prompt"] for e in read_jsonl(data_file("finetune", "test.jsonl"))[:2]]
+        args.n = max(args.n, 32)  # a whole JSON answer
+    rows = []
     with tempfile.TemporaryDirectory(prefix="jaxlab-peers-") as tmp:
         folder = Path(args.keep or tmp)
         for qtype in args.qtypes.split(","):
             path = folder / f"{model.source}-{qtype}.gguf".replace("/", "_")
             log(f"exporting {qtype} to {path}")
             export_gguf(params, model.tokenizer, path, qtype=qtype, source=model.path, overwrite=True)
-            ok &= check_file(path, qtype, server, args.n, log)
-    return 0 if ok else 1
+            rows.append(check_file(path, qtype, server, args.n, log, texts))
+    if args.json:
+        record = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu_name(),
+                  "llama_cpp": server.parent.parent.name, "adapter": args.adapter, "files": rows}  # fmt: skip
+        Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
+    return 0 if all(r["status"] == "PASS" for r in rows) else 1
 
 
 if __name__ == "__main__":

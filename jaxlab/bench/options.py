@@ -248,6 +248,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "and without retrieved passages",
     )
     parser.add_argument("--no-rag", action="store_true", help="with --retrieval: skip the answers (the LLM)")
+    parser.add_argument(
+        "--train",
+        action="store_true",
+        help="only training: LoRA vs full fine-tune, with and without remat: tokens/s, MFU against the measured "
+        "matmul ceiling, the step's temporary memory",
+    )
     parser.add_argument("--targets", action="store_true", help="print the issue's targets as PASS/MISS lines")
     parser.add_argument("--json", metavar="PATH", default=None, help="write every number to this JSON file")
     parser.add_argument("--plot", metavar="PATH", default=None, help="write a roofline plot (PNG) to this file")

@@ -194,6 +194,10 @@ def run_from_args(args: argparse.Namespace, out=None) -> int:
         from jaxlab.bench.trace import run_trace
 
         return run_trace(args, out)
+    if getattr(args, "train", False):
+        from jaxlab.bench.training import run_training
+
+        return run_training(args, out)
     if getattr(args, "retrieval", False):
         from jaxlab.bench.retrieval import run_retrieval
 
