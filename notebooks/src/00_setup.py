@@ -32,6 +32,7 @@
 # | 11 | continuous batching | a paged KV cache, a scheduler that refills the batch between steps, prefix reuse |
 # | 12 | serving | an OpenAI-compatible server: streaming, 16 clients at once, bad input, rate limits |
 # | 14 | encoder and retrieval | a BERT sentence encoder in Flax, dense retrieval against BM25, answers with sources |
+# | 15 | fine-tuning | LoRA with `jax.grad` and optax on a task the model fails, training speed, export to GGUF and safetensors |
 #
 # ## Three ways to run the lab
 #
