@@ -56,3 +56,12 @@ def test_adapter_folder_merges_into_the_real_model_and_a_foreign_one_is_refused(
     lora.save(tmp_path / "tiny", lora.init_adapter(small, config), config, base="tiny")
     with pytest.raises(ConfigError, match="was trained on tiny"):
         lora.merge_folder(smollm.params, tmp_path / "tiny")
+
+
+def test_generate_with_a_fresh_adapter_answers_as_the_base_model(smollm, tmp_path, capsys):
+    config = lora.LoraConfig(rank=2)
+    lora.save(tmp_path / "fresh", lora.init_adapter(smollm.params, config, 0), config, base=smollm.config.name)
+    code = main(["generate", "--adapter", str(tmp_path / "fresh"), "--max-new-tokens", "8", "--json",
+                 "What is the capital of France?"])  # fmt: skip
+    out, _ = capsys.readouterr()
+    assert code == 0 and "Paris" in out  # b = 0: the merged model is the base model
