@@ -67,6 +67,26 @@ def jit_forward(*args, **kwargs):
     return _jitted_forward()(*args, **kwargs)
 
 
+def run_main(capsys, args):
+    """`jaxlab.cli.main` in this process: (exit code, stdout, stderr)."""
+    from jaxlab.cli import main
+
+    try:
+        code = main(args)
+    except SystemExit as e:  # argparse
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_clean_line(err: str):
+    """The one line a failed command wrote on stderr (and no traceback)."""
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{err}"
+    assert "Traceback" not in err
+    return lines[0]
+
+
 _PARITY: list[str] = []
 _MEASURED: list[str] = []
 SOLUTIONS = Path(__file__).resolve().parent.parent / "notebooks" / "solutions"

@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import one_clean_line, run_main
 
 from jaxlab.cli import main
 
@@ -25,23 +26,6 @@ def run_cli(*args, **kw):
     env = dict(os.environ, **kw.pop("env", {}))
     p = subprocess.run([sys.executable, "-m", "jaxlab.cli", *args], capture_output=True, env=env, timeout=300, **kw)
     return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
-
-
-def run_main(capsys, args):
-    """`main` in this process: (exit code, stdout, stderr)."""
-    try:
-        code = main(args)
-    except SystemExit as e:  # argparse
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_clean_line(err: str):
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1, f"expected one line on stderr, got:\n{err}"
-    assert "Traceback" not in err
-    return lines[0]
 
 
 def test_generate_paris(gguf_path):

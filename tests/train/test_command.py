@@ -3,23 +3,13 @@ adapter folder merges into the real model."""
 
 import numpy as np
 import pytest
+from conftest import one_clean_line, run_main
 
 from jaxlab.cli import main
 from jaxlab.engine.config import tiny
 from jaxlab.engine.model import init_params
 from jaxlab.errors import ConfigError
 from jaxlab.train import lora
-
-
-def run_main(capsys, args):
-    try:
-        code = main(args)
-    except SystemExit as e:  # argparse
-        code = e.code
-    _, err = capsys.readouterr()
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert "Traceback" not in err and len(lines) == 1, err
-    return code, lines[0]
 
 
 @pytest.mark.parametrize(
@@ -37,8 +27,8 @@ def run_main(capsys, args):
 )
 def test_bad_finetune_requests_end_in_one_line(tmp_path, capsys, args, match):
     (tmp_path / "bad.jsonl").write_text("not json\n")
-    code, line = run_main(capsys, [a.replace("{tmp}", str(tmp_path)) for a in args])
-    assert code != 0 and match in line
+    code, _, err = run_main(capsys, [a.replace("{tmp}", str(tmp_path)) for a in args])
+    assert code != 0 and match in one_clean_line(err)
 
 
 def test_adapter_folder_merges_into_the_real_model_and_a_foreign_one_is_refused(smollm, tmp_path):

@@ -17,47 +17,18 @@ LORA = lora.LoraConfig(rank=4)
 TRAIN = step.TrainConfig(steps=6, lr=1e-2, warmup=1, batch_size=4)
 
 
+def run(out, **options):
+    """A fine-tuning run of the tiny model on EXAMPLES into ``out`` (validation every 3 steps)."""
+    options = {"lora_config": LORA, "train_config": TRAIN, "validation": EXAMPLES[:5], "eval_every": 3, **options}
+    return finetune.finetune(init_params(tiny(), 0), CharTokenizer(), EXAMPLES, out, progress=False, **options)
+
+
 def test_resumed_run_gives_the_same_losses_as_an_unbroken_one(tmp_path):
-    params = init_params(tiny(), 0)
-    tok = CharTokenizer()
-    _, whole = finetune.finetune(
-        params,
-        tok,
-        EXAMPLES,
-        tmp_path / "whole",
-        lora_config=LORA,
-        train_config=TRAIN,
-        validation=EXAMPLES[:5],
-        eval_every=3,
-        progress=False,
-    )
+    _, whole = run(tmp_path / "whole")
     assert whole.loss[-1] < whole.loss[0]  # it learns
-    _, first = finetune.finetune(
-        params,
-        tok,
-        EXAMPLES,
-        tmp_path / "broken",
-        lora_config=LORA,
-        train_config=TRAIN,
-        save_every=2,
-        stop_after=3,
-        progress=False,
-        validation=EXAMPLES[:5],
-        eval_every=3,
-    )
+    _, first = run(tmp_path / "broken", save_every=2, stop_after=3)
     assert first.steps == [1, 2, 3] and not (tmp_path / "broken" / "adapter.json").exists()
-    _, resumed = finetune.finetune(
-        params,
-        tok,
-        EXAMPLES,
-        tmp_path / "broken",
-        lora_config=LORA,
-        train_config=TRAIN,
-        save_every=2,
-        progress=False,
-        validation=EXAMPLES[:5],
-        eval_every=3,
-    )
+    _, resumed = run(tmp_path / "broken", save_every=2)
     assert resumed.steps == whole.steps
     np.testing.assert_array_equal(resumed.loss, whole.loss)  # bit for bit
     np.testing.assert_array_equal(resumed.val_loss, whole.val_loss)
@@ -68,15 +39,7 @@ def test_resumed_run_gives_the_same_losses_as_an_unbroken_one(tmp_path):
     record = json.loads((tmp_path / "whole" / "history.json").read_text())
     assert record["settings"]["lora"]["rank"] == 4 and record["host"]["cpu"]
     with pytest.raises(ConfigError, match="other settings"):
-        finetune.finetune(
-            params,
-            tok,
-            EXAMPLES,
-            tmp_path / "broken",
-            lora_config=lora.LoraConfig(rank=2),
-            train_config=TRAIN,
-            progress=False,
-        )
+        run(tmp_path / "broken", lora_config=lora.LoraConfig(rank=2))
 
 
 def test_schedule_warms_up_then_decays_and_bad_settings_are_refused():
