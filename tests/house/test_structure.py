@@ -376,6 +376,16 @@ def test_tests_mirror_the_package():
     assert not offenders, _report("test folder(s)/file(s) that mirror nothing in the package", offenders)
 
 
+def test_test_file_names_are_unique():
+    """pytest imports test files by their base name (the folders have no __init__.py): two test_x.py in
+    different folders make the second one fail to collect."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    offenders = [" and ".join(paths) for paths in seen.values() if len(paths) > 1]
+    assert not offenders, _report("test file(s) sharing a base name", offenders)
+
+
 # --- the checkers can fail ---------------------------------------------------------------------------------
 
 
