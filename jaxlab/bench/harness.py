@@ -5,13 +5,13 @@ cache records each compile (:func:`timed_generator`), and the host facts the rep
 from __future__ import annotations
 
 import os
-import platform
 import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from jaxlab.engine.programs import Programs
+from jaxlab.tools.hardware import cpu_name  # noqa: F401 - the bench's modules and scripts import it from here
 
 
 class Progress:
@@ -138,15 +138,3 @@ def versions() -> dict:
         except metadata.PackageNotFoundError:
             out[pkg] = None
     return out
-
-
-def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo), or what :mod:`platform` knows."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()

@@ -3,19 +3,9 @@ bench's stored run, and a 2-D map of chunk embeddings (PCA by SVD, numpy only)."
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
-from jaxlab.io.assets import data_file
-
-
-def stored(name: str) -> dict:
-    """A bench run stored with the lab (``data/bench/<name>.json``), with ``label``: its host and date."""
-    data = json.loads(data_file("bench", f"{name}.json").read_text(encoding="utf-8"))
-    meta = data.get("meta", {})
-    data["label"] = f"stored run: {meta.get('cpu', '?')}, {meta.get('cpus', '?')} CPUs, {meta.get('date', '?')}"
-    return data
+from jaxlab.lab.notebook import stored  # noqa: F401 - notebook 14 reads its stored runs as encoding.stored
 
 
 def plot_similarity(vectors: np.ndarray, labels: list[str], title: str):

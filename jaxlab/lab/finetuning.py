@@ -10,6 +10,7 @@ import json
 import numpy as np
 
 from jaxlab.io.assets import data_file
+from jaxlab.lab.notebook import stored
 
 
 def stored_run() -> dict:
@@ -18,8 +19,8 @@ def stored_run() -> dict:
 
 
 def stored_bench() -> dict:
-    """``jaxlab bench --train``'s stored result (``data/bench/train-cpu.json``)."""
-    return json.loads(data_file("bench", "train-cpu.json").read_text())
+    """``jaxlab bench --train``'s stored result (``data/bench/train-cpu.json``), labelled with its host and date."""
+    return stored("train-cpu")
 
 
 def plot_lora(dims: tuple[int, int] = (576, 1536), ranks=(1, 2, 4, 8, 16, 32, 64)):

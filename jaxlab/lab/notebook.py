@@ -7,6 +7,7 @@ nbval's comparison. Numbers that vary from machine to machine go in cells tagged
 
 from __future__ import annotations
 
+import json
 from typing import Iterable, Sequence
 
 
@@ -90,3 +91,13 @@ def check(name: str, ok: bool, detail: str = "") -> bool:
     """Print a pass/fail line for a correctness check (no raw floats in ``detail``)."""
     print(f"{'PASS' if ok else 'FAIL'}: {name}" + (f" ({detail})" if detail else ""))
     return ok
+
+
+def stored(name: str) -> dict:
+    """A bench run stored with the lab (``data/bench/<name>.json``), with ``label``: its host and date."""
+    from jaxlab.io.assets import data_file
+
+    data = json.loads(data_file("bench", f"{name}.json").read_text(encoding="utf-8"))
+    meta = data.get("meta", {})
+    data["label"] = f"stored run: {meta.get('cpu', '?')}, {meta.get('cpus', '?')} CPUs, {meta.get('date', '?')}"
+    return data

@@ -23,6 +23,7 @@ This module imports only the standard library at import time; jax is imported in
 from __future__ import annotations
 
 import os
+import platform
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -294,3 +295,15 @@ def jax_pin(default: str | None = None) -> str:
         return metadata.version("jax")
     except metadata.PackageNotFoundError:  # pragma: no cover
         return "<the version in pyproject.toml>"
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), or what :mod:`platform` knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

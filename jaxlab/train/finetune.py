@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ import numpy as np
 from jaxlab.engine.generate import Generator
 from jaxlab.engine.model import Params
 from jaxlab.errors import ConfigError, InvalidRequestError
+from jaxlab.tools.hardware import cpu_name
 from jaxlab.train import data, lora, step
 from jaxlab.train.task import score
 
@@ -173,21 +173,11 @@ def finetune(
             **asdict(history),
             "tokens_per_second": history.tokens_per_second,
             "settings": settings,
-            "host": {"cpu": _cpu_model(), "backend": jax.default_backend(), "jax": jax.__version__},
+            "host": {"cpu": cpu_name(), "backend": jax.default_backend(), "jax": jax.__version__},
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         }
         (Path(out) / "history.json").write_text(json.dumps(record, indent=1))
     return adapter, history
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def validation_loss(adapter, params, encoded, build, pad_id: int, batch_size: int) -> float:
