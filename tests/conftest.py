@@ -56,7 +56,7 @@ def _jitted_forward():
 
     from jaxlab.engine.model import forward
 
-    return jax.jit(forward, static_argnames=("last_only", "upto", "reduce"))
+    return jax.jit(forward, static_argnames=("last_only", "upto", "reduce", "remat"))
 
 
 def jit_forward(*args, **kwargs):

@@ -95,3 +95,30 @@ def test_reduce_identity_is_the_default_and_runs_after_each_row_parallel_matmul(
     assert seen == [(b, t, params.config.dim)] * (2 * params.config.n_layers)  # wo and w_down, every layer
     # and it joins the residual stream: doubling what it returns changes the logits
     assert not np.allclose(jit_forward(params, *batch, reduce=lambda x: 2 * x)[0], full)
+
+
+def test_at_gives_the_full_passes_logits_at_those_positions(params, batch):
+    tokens, positions = batch
+    full, _ = jit_forward(params, tokens, positions)
+    at = jnp.array([[4, 0, 2, 2], [1, 1, 6, 3], [6, 5, 0, 1]])
+    picked, _ = jit_forward(params, tokens, positions, at=at)
+    assert picked.shape == (3, 4, params.config.vocab_size)
+    np.testing.assert_allclose(
+        np.asarray(picked), np.asarray(jnp.take_along_axis(full, at[..., None], axis=1)), atol=1e-6
+    )
+
+
+def test_remat_changes_neither_the_logits_nor_the_gradient(params, batch):
+    tokens, positions = batch
+
+    def loss(p, remat):
+        logits, _ = forward(p, tokens, positions, remat=remat)
+        return jnp.mean(jax.nn.log_softmax(logits) ** 2)  # a smooth function of every logit
+
+    value_and_grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+    (plain, g_plain), (remat, g_remat) = value_and_grad(params, False), value_and_grad(params, True)
+    np.testing.assert_allclose(float(remat), float(plain), rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(g_remat), jax.tree.leaves(g_plain)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-8)
+    with pytest.raises(ConfigError, match="remat is for training"):
+        forward(params, tokens, positions, init_cache(params.config, 3, 16), remat=True)
