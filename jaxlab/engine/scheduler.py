@@ -191,7 +191,7 @@ class Scheduler:
                 return True
         return False
 
-    def _pages_for(self, seq: Seq, end: int) -> bool:
+    def pages_for(self, seq: Seq, end: int) -> bool:
         """Take pages until ``seq`` can hold positions [0, end); preempt the newest sequences for them.
         False when ``seq`` itself was the newest and was preempted."""
         need = -(-end // self.pool.page_size)
@@ -211,7 +211,7 @@ class Scheduler:
         self._preempted = []
         decode = []
         for seq in list(self.running):
-            if seq in self.running and not seq.prefilling and self._pages_for(seq, seq.computed + 1):
+            if seq in self.running and not seq.prefilling and self.pages_for(seq, seq.computed + 1):
                 decode.append(seq)
         budget = self.token_budget - len(decode)
         chunks = []
@@ -224,7 +224,7 @@ class Scheduler:
             at = seq.computed
             while seq in self.running and at < len(seq.prompt) and budget >= self.chunk:
                 end = min((at // self.chunk + 1) * self.chunk, len(seq.prompt))
-                if not self._pages_for(seq, end):
+                if not self.pages_for(seq, end):
                     break
                 chunks.append(Chunk(seq, at, end))
                 budget -= self.chunk

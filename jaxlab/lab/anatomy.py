@@ -12,11 +12,13 @@
   only shaped (``jax.eval_shape``, nothing allocated); :func:`live_growth` measures what creating one
   adds to the arrays alive on the device.
 * **Prefill and decode**: :func:`prefill` and :func:`decode_step` are the engine's model step
-  (:func:`jaxlab.engine.steps.next_logits`) jitted with a *donated* cache, given a whole prompt or one
-  token; :func:`greedy_with_cache` runs them, :func:`uncached_logits` is the reference they must equal; :func:`write_token` / :func:`write_kv` are the cache write on its own, to time donation
+  (:func:`model_step`, i.e. :func:`jaxlab.engine.steps.next_logits`, counting its traces in :data:`TRACES`)
+  jitted with a *donated* cache, given a whole prompt or one token; :func:`greedy_with_cache` runs them, :func:`uncached_logits` is the reference they must equal; :func:`write_token` / :func:`write_kv` are the cache write on its own, to time donation
   (:func:`time_cache_write`). They find the slot axis with :func:`slot_axes` instead of assuming a layout.
 * **Latency against context**: :func:`latency_vs_context` times one new token with the cache (one decode
-  step) and without it (recompute the whole prefix), :func:`plot_latency` draws it.
+  step) and without it (recompute the whole prefix), :func:`plot_latency` and :func:`plot_speedup` draw it.
+* **Figures**: :func:`plot_cache_fill` (which slots hold a token after each step, and one layer's keys),
+  :func:`plot_param_bytes` (where the parameters live).
 
 Every function takes the parameters and config explicitly; nothing here changes the model.
 """
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import gc
-import inspect as _pyinspect
 import re
 import time
 from collections import OrderedDict
@@ -39,23 +40,11 @@ from jaxlab.engine.config import LlamaConfig
 from jaxlab.engine.kvcache import KVCache, cache_bytes, init_cache
 from jaxlab.engine.model import Params, apply_rope, forward, rope_cos_sin
 from jaxlab.engine.steps import next_logits
+from jaxlab.lab.notebook import show_source  # noqa: F401  (notebook 03 and its tests import it from here)
 
 # --------------------------------------------------------------------------------------------------
 # Source and parameter tree
 # --------------------------------------------------------------------------------------------------
-
-
-def show_source(obj, max_lines: int | None = None, skip_docstring: bool = False) -> str:
-    """Print (and return) the source of a class or function, optionally cut to ``max_lines`` lines."""
-    src = _pyinspect.getsource(obj)
-    if skip_docstring:
-        src = re.sub(r'\n(\s+)"""(.|\n)*?"""\n', "\n", src, count=1)
-    lines = src.rstrip("\n").splitlines()
-    if max_lines is not None and len(lines) > max_lines:
-        lines = lines[:max_lines] + [f"    # ... ({len(lines) - max_lines} more lines)"]
-    text = "\n".join(lines)
-    print(text)
-    return text
 
 
 def _fold_layers(name: str) -> str:
@@ -332,11 +321,25 @@ def live_growth(make: Callable[[], object]) -> tuple[object, int]:
 # --------------------------------------------------------------------------------------------------
 
 
-#: The model step with the cache donated (:func:`jaxlab.engine.steps.next_logits`): tokens, positions
-#: [B, T] -> (logits of the last position [B, V], cache). Prefill gives it the whole prompt (T tokens in
-#: one call), decode one new token per row (T = 1): one function, one compiled program per shape. The
-#: cache is donated: the caller must use the returned cache, the one passed in is deleted.
-prefill = decode_step = jax.jit(next_logits, donate_argnums=(3,))
+#: How many times Python has run the body of :func:`model_step`. ``jax.jit`` runs a function's Python only
+#: while it traces it (once per new input shape); later calls with new arrays of the same shapes (other
+#: weights, the cache the last call returned) reuse the traced graph. Notebook 05 counts traces with it.
+TRACES = {"model_step": 0}
+
+
+def model_step(params: Params, tokens, positions, cache: KVCache):
+    """Prefill and decode are this one function: tokens, positions [B, T] and the cache in -> (logits of the
+    last position [B, V], the cache with these T tokens written) out. Nothing is kept between calls: the
+    cache is an argument and a result, so ``jax.jit`` traces the step once per shape into one graph."""
+    TRACES["model_step"] += 1  # plain Python: runs while jax.jit traces, never when the compiled program runs
+    return next_logits(params, tokens, positions, cache)  # forward(..., last_only=True), the last logits
+
+
+#: The model step with the cache donated (:func:`model_step`, i.e. :func:`jaxlab.engine.steps.next_logits`):
+#: prefill gives it the whole prompt (T tokens in one call), decode one new token per row (T = 1): one
+#: function, one compiled program per shape. The cache is donated: the caller must use the returned cache,
+#: the one passed in is deleted.
+prefill = decode_step = jax.jit(model_step, donate_argnums=(3,))
 
 
 @jax.jit
@@ -348,17 +351,27 @@ def uncached_logits(params: Params, tokens, positions):
 _next_logits_nocache = jax.jit(next_logits)  # the same step without a cache: recompute the whole prefix
 
 
-def greedy_with_cache(params: Params, prompt: Sequence[int], n: int, slots: int, cache: KVCache | None = None):
+def greedy_with_cache(
+    params: Params,
+    prompt: Sequence[int],
+    n: int,
+    slots: int,
+    cache: KVCache | None = None,
+    on_step: Callable[[KVCache], None] | None = None,
+):
     """Greedy decoding of one prompt with the cache: a prefill, then ``n - 1`` decode steps.
 
     Returns (n new token ids, their logits [n, V] as numpy, the cache). With ``cache`` given, decoding
-    continues from it (``prompt`` is then the tokens to feed, starting at ``cache.index``)."""
+    continues from it (``prompt`` is then the tokens to feed, starting at ``cache.index``). ``on_step(cache)``
+    is called after the prefill and after every decode step (to look at the cache as it fills)."""
     if cache is None:
         cache = init_cache(params.config, 1, slots, params.policy.jnp_dtype)
     start = int(cache.index)
     toks = jnp.asarray([list(prompt)], jnp.int32)
     pos = jnp.arange(start, start + toks.shape[1], dtype=jnp.int32)[None]
     last, cache = prefill(params, toks, pos, cache)  # the prompt in one call (one token: a decode step)
+    if on_step is not None:
+        on_step(cache)
     out, all_logits = [], []
     p = start + toks.shape[1]
     for i in range(n):
@@ -368,6 +381,8 @@ def greedy_with_cache(params: Params, prompt: Sequence[int], n: int, slots: int,
         if i == n - 1:
             break
         last, cache = decode_step(params, jnp.asarray([[nxt]], jnp.int32), jnp.asarray([[p]], jnp.int32), cache)
+        if on_step is not None:
+            on_step(cache)
         p += 1
     return out, np.stack(all_logits), cache
 
@@ -556,6 +571,79 @@ def plot_latency(rows: list[dict]):
         title="Cost of one new token against context",
         yscale="log",
     )
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def plot_speedup(rows: list[dict], factor: float = 3.0):
+    """The cache's speed-up (recompute the prefix / one cached step) against context, with the claim's
+    ``factor`` as a line."""
+    import matplotlib.pyplot as plt
+
+    ctx = [r["context"] for r in rows]
+    fig, ax = plt.subplots()
+    ax.plot(ctx, [r["speed-up"] for r in rows], "o-", label="measured speed-up")
+    ax.axhline(factor, color="gray", ls="--", label=f"{factor:g}x: 'much cheaper'")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set(
+        xlabel="context length (tokens already seen)",
+        ylabel="time without cache / with cache",
+        title="What the KV cache saves grows with the context",
+        xscale="log",
+    )
+    ax.set_xticks(ctx, [str(c) for c in ctx])
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def plot_cache_fill(snapshots: Sequence[tuple[str, np.ndarray]], k_layer, cfg: LlamaConfig, show: int = 64):
+    """Two panels on a batch-1 cache. Left: which of the first ``show`` slots hold a token after each step
+    (``snapshots``: (label, ``cache.pos[0]``) pairs). Right: one layer's K array, |value| per slot and head
+    dimension, the KV heads stacked: filled slots carry keys, empty ones are still zeros."""
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": [1, 1.3]})
+    filled = np.stack([np.asarray(p)[:show] >= 0 for _, p in snapshots]).astype(float)
+    a.imshow(filled, aspect="auto", cmap="Blues", vmin=0, vmax=1.3, interpolation="nearest")
+    a.set_yticks(range(len(snapshots)), [label for label, _ in snapshots], fontsize=8)
+    a.set(title="Slots holding a token (pos >= 0)", xlabel="cache slot", ylabel="the cache ...")
+    a.grid(False)
+    k = np.asarray(k_layer)
+    ka, _ = slot_axes(cfg)
+    k = np.moveaxis(k, ka, -1)  # [..., slots]
+    k = k.reshape(-1, cfg.head_dim, k.shape[-1])[: cfg.n_kv_heads]  # batch row 0: [KVH, Hd, slots]
+    img = np.abs(k[:, :, :show]).reshape(cfg.n_kv_heads * cfg.head_dim, -1)
+    b.imshow(img, aspect="auto", cmap="magma", interpolation="nearest")
+    for h in range(1, cfg.n_kv_heads):
+        b.axhline(h * cfg.head_dim - 0.5, color="w", lw=1)
+    b.set_yticks([h * cfg.head_dim + cfg.head_dim // 2 for h in range(cfg.n_kv_heads)],
+                 [f"KV head {h}" for h in range(cfg.n_kv_heads)])  # fmt: skip
+    b.set(title=f"Layer 0's K, batch row 0: {cfg.n_kv_heads} heads x {cfg.head_dim} dims x slots", xlabel="cache slot")
+    b.grid(False)
+    fig.suptitle(
+        f"The KV cache: {cfg.n_layers} layers x (K, V), each [batch x KV heads, slots, head dim]; one layer shown",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    return fig
+
+
+def plot_param_bytes(rows: list[dict]):
+    """Bars per component of :func:`param_table` rows: MB as float32, bfloat16 and in the GGUF file."""
+    import matplotlib.pyplot as plt
+
+    parts = [r for r in rows if r["component"] != "total"]
+    names = [r["component"] for r in parts]
+    cols = [c for c in ("float32 MB", "bfloat16 MB", "GGUF MB") if c in parts[0]]
+    x = np.arange(len(parts))
+    width = 0.8 / len(cols)
+    fig, ax = plt.subplots()
+    for i, c in enumerate(cols):
+        ax.bar(x + (i - (len(cols) - 1) / 2) * width, [r[c] for r in parts], width, label=c.replace(" MB", ""))
+    ax.set_xticks(x, names)
+    ax.set(title="Where the 135 M parameters live, and their bytes", xlabel="component", ylabel="MB (10^6 bytes)")
     ax.legend()
     fig.tight_layout()
     return fig

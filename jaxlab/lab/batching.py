@@ -9,11 +9,26 @@
   several requests (a shared prefix) hatched, free pages white; and each running request's page table.
 * :func:`serve_both` / :func:`plot_serving` — a short trace through static batches (the Generator) and the
   continuous engine, with the functions ``jaxlab bench --trace`` uses, and its figure.
+* :data:`STORED_TRACE` — the full trace's recorded ratios (``benchmarks/results-trace-cpu.json``), which the
+  notebook judges its claims on beside its own reduced trace.
+* :func:`plot_prefix_reuse` — time to first token of each request with prefix reuse off and on.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
+
+# ``jaxlab bench --trace``'s recorded run (``benchmarks/results-trace-cpu.json``, 2026-12-01, 2-core Intel Xeon,
+# float32). The wheel carries data/ but not benchmarks/, so the ratios notebook 11 needs are copied here;
+# tests/lab/test_batching.py keeps them equal to the file.
+STORED_TRACE = {
+    "label": "stored run: Intel(R) Xeon(R) Processor, 2 CPUs, 2026-12-01 22:52 UTC",
+    "requests": 64,
+    "max_batch": 8,
+    "throughput_ratio": 2.1099379756377368,
+    "ttft_p99_s": {"static": 238.24850214752178, "continuous": 3.213290746316491},
+    "prefix": {"requests": 32, "system_tokens": 400, "slots": 8, "ttft_ratio": 2.9252803685155344},
+}
 
 
 def schedule_steps(requests: Sequence[tuple[int, int]], slots: int, policy: str) -> list[tuple[int, int, int, int]]:
@@ -140,5 +155,21 @@ def plot_serving(res: dict):
     b.set_ylabel("seconds")
     b.set_title("time to first token", fontsize=10)
     b.legend()
+    fig.tight_layout()
+    return fig
+
+
+def plot_prefix_reuse(ttft: dict):
+    """``{reuse (bool): [time to first token of each request, s]}`` as two step curves; returns the figure."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3))
+    for reuse in (False, True):
+        times = sorted(ttft[reuse])
+        ax.plot(times, range(1, len(times) + 1), "o-", label=f"reuse {'on' if reuse else 'off'}")
+    ax.set_xlabel("time to first token (s)")
+    ax.set_ylabel("requests served")
+    ax.set_title("Prefix reuse: requests that share a system prompt", fontsize=10)
+    ax.legend()
     fig.tight_layout()
     return fig

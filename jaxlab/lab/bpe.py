@@ -211,3 +211,53 @@ def compare_speed(
         row["same ids"] = "yes" if all(o == outputs[0] for o in outputs) else "no"
         rows.append(row)
     return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# Figures of notebook 02
+# --------------------------------------------------------------------------------------------------
+
+
+def plot_compression(rows: list[dict], corpus_bytes: int, held_out_bytes: int):
+    """Bytes per token against vocabulary size, on the training corpus and on held-out text (rows with
+    ``vocab``, ``corpus tokens`` and ``held-out tokens``)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    vocab = [r["vocab"] for r in rows]
+    ax.plot(vocab, [corpus_bytes / r["corpus tokens"] for r in rows], "o-", label="training corpus")
+    ax.plot(vocab, [held_out_bytes / r["held-out tokens"] for r in rows], "s-", label="held-out text")
+    ax.set(xlabel="vocabulary size", ylabel="bytes per token", title="Merges compress the text they were learned on")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def plot_bytes_per_token(samples: dict[str, str], encode: Callable[[str], list[int]]):
+    """One bar per kind of text: its UTF-8 bytes per token under ``encode`` (more bytes per token: cheaper text)."""
+    import matplotlib.pyplot as plt
+
+    kinds = list(samples)
+    ratio = [len(samples[k].encode()) / len(encode(samples[k])) for k in kinds]
+    fig, ax = plt.subplots()
+    ax.bar(kinds, ratio, color="#2b5d8a")
+    for i, r in enumerate(ratio):
+        ax.text(i, r, f"{r:.1f}", ha="center", va="bottom", fontsize=8)
+    ax.set(xlabel="kind of text", ylabel="UTF-8 bytes per token", title="What one token buys, by kind of text")
+    fig.tight_layout()
+    return fig
+
+
+def plot_throughput(stages: dict[str, float]):
+    """Horizontal bars of tokens per second (log scale), one per stage of the pipeline."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    names = list(stages)
+    ax.barh(names, [stages[n] for n in names], color=["#b5523b" if "model" in n else "#2b5d8a" for n in names])
+    ax.set_xscale("log")
+    ax.set_xlim(left=min(stages.values()) / 10)  # bars start well left of the slowest stage
+    ax.invert_yaxis()
+    ax.set(xlabel="tokens per second (log scale)", ylabel="stage", title="Tokenizers against the model's prefill")
+    fig.tight_layout()
+    return fig

@@ -9,7 +9,11 @@
   (a new shape, dtype, weak type or static argument) - counted by :class:`jaxlab.tools.profile.CompileCounter`.
 * :func:`time_unsynced` shows what a timer measures without :func:`jax.block_until_ready`.
 * :func:`per_call_seconds` measures what one call costs when the work is tiny: the Python-side
-  dispatch that a compiled function still pays on every call.
+  dispatch that a compiled function still pays on every call; :func:`python_calls_per_call` counts the
+  Python functions the interpreter runs during each call (none, when jax's C++ dispatch finds the program).
+* :func:`min_python_minor` reads a package's ``Requires-Python`` as a number (notebook 00).
+* Figures: :func:`plot_eager_vs_jit`, :func:`plot_settings` (a measured value per setting against a claim's
+  threshold), and for notebook 00 :func:`plot_param_bytes` and :func:`plot_token_probabilities`.
 
 Every timing here blocks on its outputs unless its name says otherwise, and no helper prints: the
 notebook decides what is checked (deterministic) and what is shown as a measurement.
@@ -39,6 +43,13 @@ __all__ = [
     "compile_log",
     "time_unsynced",
     "per_call_seconds",
+    "python_calls_per_call",
+    "min_python_minor",
+    "param_bytes",
+    "plot_eager_vs_jit",
+    "plot_settings",
+    "plot_param_bytes",
+    "plot_token_probabilities",
 ]
 
 
@@ -110,6 +121,11 @@ class EagerVsJit:
     def speedup(self) -> float:
         """How many times faster the compiled steady state is than the eager one."""
         return self.eager_s / self.jit_s
+
+    @property
+    def first_call_x(self) -> float:
+        """How many times longer the first jitted call (trace + compile + run) takes than a later one."""
+        return (self.jit_compile_s + self.jit_s) / self.jit_s
 
     @property
     def calls_to_break_even(self) -> float:
@@ -233,3 +249,146 @@ def per_call_seconds(fn: Callable, *args: Any, calls: int = 2000) -> float:
         out = fn(*args)
     jax.block_until_ready(out)
     return (time.perf_counter() - t0) / calls
+
+
+def python_calls_per_call(fn: Callable, calls: Sequence[tuple]) -> float:
+    """Mean number of Python function calls the interpreter runs during each ``fn(*args)`` of ``calls``.
+
+    Counted with :func:`sys.setprofile` ("call" events: Python frames, not C functions) on this thread.
+    A jitted function called with shapes it has compiled for is dispatched by jax's C++ code and runs
+    none; a new shape runs jax's Python to trace, lower and compile (and your function's body once).
+    """
+    import sys
+
+    count = 0
+
+    def profiler(frame, event, arg):
+        nonlocal count
+        if event == "call":
+            count += 1
+
+    outs, previous = [], sys.getprofile()
+    sys.setprofile(profiler)
+    try:
+        for args in calls:
+            outs.append(fn(*args))
+    finally:
+        sys.setprofile(previous)
+    jax.block_until_ready(outs)
+    return count / max(len(calls), 1)
+
+
+def min_python_minor(requires: str, major: int = 3, upto: int = 50) -> int:
+    """The oldest Python ``major.x`` that a ``Requires-Python`` specifier (e.g. ``">=3.11"``) accepts, as ``x``."""
+    from packaging.specifiers import SpecifierSet
+
+    spec = SpecifierSet(requires)
+    for minor in range(upto):
+        if spec.contains(f"{major}.{minor}", prereleases=True):
+            return minor
+    raise ValueError(f"no Python {major}.x below {major}.{upto} satisfies {requires!r}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Figures
+# --------------------------------------------------------------------------------------------------
+
+
+def _component(name: str) -> str:
+    if name == "embed":
+        return "embedding (tied output head)"
+    if ".attn." in name:
+        return "attention " + ("q, o" if name.rsplit(".", 1)[-1] in ("wq", "wo") else "k, v")
+    if ".mlp." in name:
+        return "MLP (gate, up, down)"
+    return "norms"
+
+
+def param_bytes(params: Params) -> dict[str, int]:
+    """Bytes of the weights by component (embedding, attention q/o and k/v, MLP, norms), largest first."""
+    out: dict[str, int] = {}
+    for name, a in params.flat().items():
+        out[_component(name)] = out.get(_component(name), 0) + int(a.size) * a.dtype.itemsize
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def plot_param_bytes(params: Params):
+    """Horizontal bars: MB of weights per component, with each one's share of the whole."""
+    import matplotlib.pyplot as plt
+
+    parts = param_bytes(params)
+    total = sum(parts.values())
+    fig, ax = plt.subplots(figsize=(7, 2.8))
+    names = list(parts)[::-1]
+    mb = [parts[n] / 1e6 for n in names]
+    ax.barh(names, mb, color="tab:blue")
+    for i, v in enumerate(mb):
+        ax.text(v, i, f" {v:.0f} MB ({100 * v * 1e6 / total:.0f}%)", va="center", fontsize=8)
+    ax.set_xlim(0, max(mb) * 1.35)
+    ax.set_xlabel(f"MB in memory ({params.policy.dtype}), {total / 1e6:.0f} MB in all")
+    ax.set_title(f"Where the weights are: {params.config.n_layers} layers, one shared embedding")
+    fig.tight_layout()
+    return fig
+
+
+def plot_token_probabilities(tokenizer, token_ids: Sequence[int], logprobs: Sequence[float]):
+    """Bars: the probability the model gave each token of a greedy answer, labelled with the token's text."""
+    import matplotlib.pyplot as plt
+
+    probs = np.exp(np.asarray(logprobs, np.float64))
+    labels = [repr(tokenizer.decode([t]))[1:-1] or "''" for t in token_ids]
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.45 * len(labels)), 3.2))
+    ax.bar(range(len(probs)), probs, color=["tab:orange" if p < 0.5 else "tab:blue" for p in probs])
+    ax.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=8)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("probability of the chosen token")
+    ax.set_xlabel("generated token (greedy); orange: below 0.5, a closer call")
+    ax.set_title("How sure the model was of each token of its answer")
+    fig.tight_layout()
+    return fig
+
+
+def plot_eager_vs_jit(results: dict[str, EagerVsJit]):
+    """Eager and jit ms per call for each measured setting (log scale), with the speed-up above each pair."""
+    import matplotlib.pyplot as plt
+
+    labels = list(results)
+    fig, ax = plt.subplots()
+    x = np.arange(len(labels))
+    ax.bar(x - 0.2, [results[k].eager_s * 1e3 for k in labels], 0.4, label="eager")
+    ax.bar(x + 0.2, [results[k].jit_s * 1e3 for k in labels], 0.4, label="jit")
+    for i, k in enumerate(labels):
+        ax.text(i, results[k].eager_s * 1e3, f"{results[k].speedup:.1f}x", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(x, [k.replace(", ", "\n") for k in labels], fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylim(top=max(r.eager_s for r in results.values()) * 1e3 * 3)  # room for the labels
+    ax.set_ylabel("ms per call (log)")
+    ax.set_title("Eager vs jit, and the speed-up above each pair")
+    ax.legend()
+    return fig
+
+
+def plot_settings(key: str, values: dict[str, float], title: str, ylabel: str | None = None, log: bool = True):
+    """One bar per setting of a claim's measurement (``values``), with the threshold of the claim ``key``
+    (:mod:`jaxlab.lab.claims`) as a dashed line; bars that meet it are blue, the others grey."""
+    import matplotlib.pyplot as plt
+
+    from jaxlab.lab.claims import claim
+
+    c = claim(key)
+    bound = c.at_least if c.at_least is not None else c.at_most
+    labels = list(values)
+    v = [float(values[k]) for k in labels]
+    fig, ax = plt.subplots()
+    ax.bar(range(len(v)), v, color=["tab:blue" if c.meets(x) else "tab:gray" for x in v])
+    for i, x in enumerate(v):
+        ax.text(i, x, f"{x:.3g}", ha="center", va="bottom", fontsize=8)
+    ax.axhline(bound, ls="--", color="tab:red", label=f"the claim needs {c.needs}")
+    ax.set_xticks(range(len(v)), [k.replace(", ", "\n") for k in labels], fontsize=8)
+    if log:
+        ax.set_yscale("log")
+    ax.set_ylim(top=max(v + [bound]) * (3 if log else 1.2))
+    ax.set_ylabel(ylabel or c.measure)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return fig

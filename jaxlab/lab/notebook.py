@@ -8,7 +8,10 @@ nbval's comparison. Numbers that vary from machine to machine go in cells tagged
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Iterable, Sequence
+
+import numpy as np
 
 
 def setup(compile_cache: bool = True, quiet: bool = False) -> dict:
@@ -79,12 +82,84 @@ def _numeric(s: str) -> bool:
     return s.replace(",", "").replace(".", "", 1).replace("-", "", 1).replace("e", "", 1).isdigit()
 
 
-def verdict(claim: str, holds: bool | None, because: str = "") -> str:
-    """Print a claim and its verdict on this machine: holds / does not hold / not measurable here."""
-    word = {True: "HOLDS", False: "DOES NOT HOLD", None: "NOT MEASURABLE HERE"}[holds]
-    text = f"Claim: {claim}\nVerdict on this machine: {word}" + (f" - {because}" if because else "")
+@dataclass(frozen=True)
+class Verdict:
+    """What :func:`verdict` printed: the claim's key, its word and the whole text."""
+
+    key: str
+    word: str
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+WORDS = ("HOLDS", "HOLDS ONLY WHEN", "DOES NOT HOLD", "NOT MEASURABLE HERE")
+
+
+def _value(name: str, v) -> float:
+    if isinstance(v, (bool, np.bool_)):
+        raise TypeError(
+            f"verdict({name!r}): got a bool; pass what was measured (a ratio, a count, a fraction) and let the "
+            "claim's threshold in jaxlab/lab/claims.py decide"
+        )
+    try:
+        out = float(np.asarray(v))
+    except (TypeError, ValueError):
+        raise TypeError(f"verdict({name!r}): the measured value must be a number, not {type(v).__name__}") from None
+    if out != out:
+        raise ValueError(f"verdict({name!r}): the measured value is NaN; measure again")
+    return out
+
+
+def verdict(key: str, measured, because: str = "") -> Verdict:
+    """Print a claim, what was measured and its verdict on this machine.
+
+    ``measured`` is a number, or a mapping ``{setting: number}`` when the claim was measured in several settings.
+    The claim's threshold (``jaxlab.lab.claims``) grades it: every value meets it -> HOLDS; some do ->
+    HOLDS ONLY WHEN <the claim's condition>; none does -> DOES NOT HOLD.
+    """
+    from jaxlab.lab.claims import claim, number, unit_suffix
+
+    c = claim(key)
+    unit = unit_suffix(c.unit)
+    if isinstance(measured, dict):
+        if not measured:
+            raise ValueError(f"verdict({key!r}): no settings measured")
+        values = {str(k): _value(key, v) for k, v in measured.items()}
+        width = max(map(len, values))
+        lines = [f"Measured: {c.measure} (needs {c.needs})"]
+        lines += [f"  {k.ljust(width)}  {number(v)}{unit}  {'meets' if c.meets(v) else '-'}" for k, v in values.items()]
+        met = [c.meets(v) for v in values.values()]
+        if all(met):
+            word = "HOLDS"
+        elif any(met):
+            if not c.condition:
+                raise ValueError(f"claim {key!r} holds in some settings only: give it a condition in claims.py")
+            word = "HOLDS ONLY WHEN"
+        else:
+            word = "DOES NOT HOLD"
+    else:
+        v = _value(key, measured)
+        lines = [f"Measured: {c.measure}: {number(v)}{unit} (needs {c.needs})"]
+        word = "HOLDS" if c.meets(v) else "DOES NOT HOLD"
+    shown = f"{word} {c.condition}" if word == "HOLDS ONLY WHEN" else word
+    text = "\n".join(
+        [f'Claim: "{c.quote}" ({c.source})', *lines, f"Verdict on this machine: {shown}"]
+        + ([f"  because {because}"] if because else [])
+    )
     print(text)
-    return text
+    return Verdict(key, word, text)
+
+
+def unmeasured(key: str, because: str) -> Verdict:
+    """Print a claim this machine cannot measure (one device for a multi-device claim), and why."""
+    from jaxlab.lab.claims import claim
+
+    c = claim(key)
+    text = f'Claim: "{c.quote}" ({c.source})\nVerdict on this machine: NOT MEASURABLE HERE\n  because {because}'
+    print(text)
+    return Verdict(key, "NOT MEASURABLE HERE", text)
 
 
 def check(name: str, ok: bool, detail: str = "") -> bool:
@@ -101,3 +176,27 @@ def stored(name: str) -> dict:
     meta = data.get("meta", {})
     data["label"] = f"stored run: {meta.get('cpu', '?')}, {meta.get('cpus', '?')} CPUs, {meta.get('date', '?')}"
     return data
+
+
+def show_source(obj, max_lines: int | None = None, skip_docstring: bool = False) -> str:
+    """Print (and return) the source of a function or class a notebook uses, headed by the file it lives in.
+
+    Notebooks call the package's code for what they teach (the loop, the step, the mask); this puts that code in
+    view where it is used. ``max_lines`` cuts it; ``skip_docstring`` drops the docstring.
+    """
+    import inspect
+    import re
+    from pathlib import Path
+
+    obj = inspect.unwrap(obj)  # a jitted function: the Python function it wraps
+    src = inspect.getsource(obj)
+    if skip_docstring:
+        src = re.sub(r'\n(\s+)"""(.|\n)*?"""\n', "\n", src, count=1)
+    lines = src.rstrip("\n").splitlines()
+    if max_lines is not None and len(lines) > max_lines:
+        lines = lines[:max_lines] + [f"    # ... ({len(lines) - max_lines} more lines)"]
+    parts = Path(inspect.getsourcefile(obj)).parts
+    where = "/".join(parts[len(parts) - 1 - parts[::-1].index("jaxlab") :]) if "jaxlab" in parts else parts[-1]
+    text = f"# {where}, line {inspect.getsourcelines(obj)[1]}\n" + "\n".join(lines)
+    print(text)
+    return text

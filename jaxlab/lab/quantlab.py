@@ -15,6 +15,9 @@
   size; the bytes of weights and KV cache.
 * **Quality** (:func:`quality_rows`): the teacher-forced scores of :func:`jaxlab.quant.quality.score_windows`
   as table rows, with the perplexity increase over float32.
+* **The stored bench run** (:func:`stored_decode_rows`, :func:`stored_quality_rows`, :func:`plot_stored_decode`):
+  ``jaxlab bench --quant-only --quality --targets`` on a quiet machine (``data/bench/quant-cpu.json``, read with
+  :func:`jaxlab.lab.notebook.stored`, which labels it with its host and date), as table rows and a figure.
 
 Timings interleave the variants round by round (A, B, C, A, B, C, ...) and report medians, so load
 from other processes on the machine hits every variant alike. Nothing here changes the model.
@@ -425,3 +428,66 @@ def quality_rows(scores: dict, labels: Sequence[str] | None = None) -> list[dict
             }
         )
     return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# The stored bench run (data/bench/quant-cpu.json)
+# --------------------------------------------------------------------------------------------------
+
+
+def stored_decode_rows(bench: dict) -> list[dict]:
+    """One row per variant of a stored ``jaxlab bench --quant`` run: the decode step's speed against float32 at
+    each batch size (> 1 is faster), and the quality verdict of the same run (perplexity within +1 %, greedy
+    agreement at least 90 %)."""
+    quality = {r["label"]: r for r in bench.get("quality", {}).get("rows", [])}
+    rows: dict[str, dict] = {}
+    for r in bench["quant"]["rows"]:
+        row = rows.setdefault(r["label"], {"variant": r["label"]})
+        row[f"batch {r['batch']}"] = (
+            f"{r['vs_float32']:.2f}x" if r["label"] != "float32" else f"{1e3 * r['step_s']['median']:.1f} ms"
+        )
+    for label, row in rows.items():
+        q = quality.get(label)
+        row["quality"] = q["status"] if q else "-"
+    return list(rows.values())
+
+
+def stored_quality_rows(bench: dict) -> list[dict]:
+    """The stored run's quality rows: perplexity increase over float32, mean KL, top-1 agreement (teacher-forced)
+    and greedy agreement (32 prompts)."""
+    return [
+        {
+            "variant": r["label"],
+            "ppl increase %": r["ppl_increase_pct"],
+            "KL": r["kl"],
+            "top-1 agreement": r["top1_agreement"],
+            "greedy agreement": r["greedy_agreement"],
+            "quality": r["status"],
+        }
+        for r in bench["quality"]["rows"]
+    ]
+
+
+def plot_stored_decode(bench: dict, label: str = ""):
+    """The stored run's decode-step speed against float32, one group of bars per batch size, one bar per
+    variant (float32 weights with the int8 cache included). Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in bench["quant"]["rows"] if r["label"] != "float32"]
+    batches = sorted({r["batch"] for r in rows})
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    ratio = {(r["label"], r["batch"]): r["vs_float32"] for r in rows}
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    width = 0.8 / len(labels)
+    for j, name in enumerate(labels):
+        xs = [i + (j - (len(labels) - 1) / 2) * width for i in range(len(batches))]
+        ax.bar(xs, [ratio.get((name, b), float("nan")) for b in batches], width, label=name)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(range(len(batches)))
+    ax.set_xticklabels([f"batch {b}" for b in batches])
+    ax.set_ylabel("decode step speed vs float32 (x)")
+    ax.set_xlabel("batch size (256 cache slots)")
+    ax.set_title(f"Decode step by format, {label or 'stored run'}", fontsize=10)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    return fig

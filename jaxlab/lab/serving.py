@@ -8,7 +8,7 @@ import threading
 import time
 from urllib.parse import urlsplit
 
-__all__ = ["MetricsSampler", "scrape", "plot_occupancy", "plot_streams"]
+__all__ = ["MetricsSampler", "scrape", "plot_occupancy", "plot_streams", "plot_burst"]
 
 GAUGES = ("jaxlab_batch_occupancy", "jaxlab_running_requests", "jaxlab_queue_length", "jaxlab_kv_pages_used")
 
@@ -96,6 +96,7 @@ def plot_streams(records: list[dict], title: str = ""):
     ax.set_yticks(range(len(order)), [records[i]["name"] for i in order], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the clients started")
+    ax.set_ylabel("client (by first token)")
     from matplotlib.patches import Patch
 
     ax.legend(
@@ -104,5 +105,19 @@ def plot_streams(records: list[dict], title: str = ""):
         loc="lower right", fontsize=8,
     )  # fmt: skip
     ax.set_title(title or "Each client's request, from sent to last token")
+    fig.tight_layout()
+    return fig
+
+
+def plot_burst(statuses: list[int], title: str = ""):
+    """The HTTP status of each request of a burst, in order (200 green, others red); returns the figure."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 2))
+    ax.scatter(range(len(statuses)), statuses, c=["tab:green" if s == 200 else "tab:red" for s in statuses], s=12)
+    ax.set_yticks(sorted(set(statuses)))
+    ax.set_xlabel("request in the burst")
+    ax.set_ylabel("HTTP status")
+    ax.set_title(title or f"A burst of {len(statuses)} requests with one key", fontsize=10)
     fig.tight_layout()
     return fig

@@ -340,6 +340,8 @@ def plot_rounds(result: SpecResult, tokenizer=None, max_rounds: int = 8, ax=None
     ax.set_yticklabels([f"round {r + 1}" for r in range(len(rounds))])
     ax.set_xticks([j + 0.475 for j in range(k)] + [k + 0.775])
     ax.set_xticklabels([f"draft {j + 1}" for j in range(k)] + ["model"])
+    ax.set_xlabel("draft tokens, then the model's own token")
+    ax.set_ylabel("round")
     ax.grid(False)
     ax.set_title("green: kept, red: first wrong guess, grey: not used, blue: the model's own token", fontsize=9)
     return ax
@@ -372,6 +374,7 @@ def plot_speedup(costs: dict, k: int, measured: Sequence[dict] = (), ax=None):
             textcoords="offset points",
         )
     ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_title("Speed-up: the cost model with this machine's step costs, and the measured prompts", fontsize=9)
     ax.set_xlabel("tokens per verify call")
     ax.set_ylabel("speed-up over plain decoding")
     ax.legend(fontsize=7)

@@ -16,7 +16,8 @@ tokens; what changes is how much is recomputed and how often XLA compiles:
 4. :func:`on_device_generate` - prefill, then the whole loop in one ``lax.fori_loop``
    (:func:`jaxlab.engine.generate.decode_on_device`): no host round trip per token.
 
-Each returns a :class:`StageRun` (tokens, number of compilations, compile seconds, run seconds).
+Each returns a :class:`StageRun` (tokens, number of compilations, compile seconds, run seconds);
+:func:`plot_stage_speed` and :func:`plot_compile_vs_run` draw a list of them.
 Compilation is timed apart from execution with ahead-of-time compilation,
 ``jax.jit(f).lower(*args).compile()``, and compiled programs are kept per input signature (shapes and
 dtypes, the very key ``jit`` caches on) in one table for the process (:data:`PROGRAMS`, the engine's
@@ -145,7 +146,7 @@ def _run(name: str, meter: Meter, tokens: list[int], step_s: list[float] | None 
 # --------------------------------------------------------------------------------------------------
 
 
-def _next_from_full(params: Params, tokens, positions, last):
+def next_from_full(params: Params, tokens, positions, last):
     """Recompute everything: tokens, positions [1, L] -> argmax of the logits at index ``last`` [1]."""
     logits, _ = forward(params, tokens, positions)  # [1, L, V]
     row = jax.lax.dynamic_index_in_dim(logits, last, axis=1, keepdims=False)  # [1, V]
@@ -162,7 +163,7 @@ def greedy_decode_step(params: Params, token, pos, cache: KVCache):
     return nxt, cache
 
 
-_jit_next_from_full = jax.jit(_next_from_full)
+_jit_next_from_full = jax.jit(next_from_full)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -280,6 +281,52 @@ def on_device_generate(
     fn = meter.program("on_device", jit_decode_on_device, *args, steps=n)
     out, _ = meter.run(fn, *args)
     return _run("4 on device: whole loop in fori_loop", meter, np.asarray(out)[0].tolist())
+
+
+def _label(run: StageRun) -> str:
+    return run.name.split(":")[0] + (" (eager)" if "eager" in run.name else "")
+
+
+def plot_stage_speed(runs: Sequence[StageRun]):
+    """Horizontal bars: tokens/s of each stage, execution only and with its compilation counted."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    names = [_label(r) for r in runs]
+    y = np.arange(len(runs))
+    ax.barh(y - 0.2, [r.tokens_per_s for r in runs], 0.4, label="execution only")
+    ax.barh(y + 0.2, [r.tokens_per_s_with_compile for r in runs], 0.4, label="including compilation")
+    for i, r in enumerate(runs):
+        ax.text(r.tokens_per_s, i - 0.2, f" {r.tokens_per_s:.1f}", va="center", fontsize=8)
+    ax.set_yticks(y, names)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(r.tokens_per_s for r in runs) * 1.2)
+    ax.set_xlabel("generated tokens / s (batch 1)")
+    ax.set_title("Speed of each generation loop")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_compile_vs_run(runs: Sequence[StageRun]):
+    """Stacked horizontal bars: each stage's seconds of compiling and of running, with its compile count."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    names = [_label(r) for r in runs]
+    comp, run = [r.compile_s for r in runs], [r.run_s for r in runs]
+    ax.barh(names, comp, color="tab:red", label="compiling (or loading from the disk cache)")
+    ax.barh(names, run, left=comp, color="tab:green", label="running")
+    for i, r in enumerate(runs):
+        programs = f"{r.compiles} program{'s' * (r.compiles != 1)}"
+        ax.text(comp[i] + run[i], i, f" {programs}, {len(r.tokens)} tokens", va="center", fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(c + x for c, x in zip(comp, run)) * 1.5)
+    ax.set_xlabel("seconds")
+    ax.set_title("Compile time vs run time, per stage")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2)
+    fig.tight_layout()
+    return fig
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:

@@ -1,12 +1,7 @@
 """Solutions to the exercises of notebook 03 (the model in Flax NNX)."""
 
+import jax
 import jax.numpy as jnp
-
-
-def my_rmsnorm(x, weight, eps):
-    # x [..., D], weight [D]: divide by the root-mean-square over the last axis, in float32
-    x = jnp.asarray(x, jnp.float32)
-    return weight * x / jnp.sqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
 
 
 def my_apply_rope(x, cos, sin):
@@ -14,3 +9,13 @@ def my_apply_rope(x, cos, sin):
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     return x * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+
+
+def my_gqa_attention(q, k, v, visible):
+    # q [B, T, H, d]; k, v [B, S, KVH, d]; visible [B, T, S]
+    group = q.shape[2] // k.shape[2]
+    k = jnp.repeat(k, group, axis=2)  # [B, S, H, d]: K/V head j serves query heads j*group .. j*group+group-1
+    v = jnp.repeat(v, group, axis=2)  # (jnp.tile would pair query head h with K/V head h % KVH: wrong)
+    scores = jnp.einsum("bthd,bshd->bhts", q, k) / jnp.sqrt(q.shape[-1])
+    scores = jnp.where(visible[:, None], scores, -jnp.inf)  # every query sees at least itself: no all -inf row
+    return jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(scores, axis=-1), v)

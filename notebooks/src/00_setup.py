@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 00 · Setup: the lab, your device, the model
 #
-# **jaxlab** builds an LLM inference stack in JAX and Flax, stage by stage, on a real pretrained model:
+# *About 25 minutes.* **jaxlab** builds an LLM inference stack in JAX and Flax, stage by stage, on a real pretrained model:
 # SmolLM2-135M-Instruct. Popular articles promise that `jit`, `vmap`, KV caches and friends make
 # inference fast. Each notebook quotes such a claim, **measures** it on the device you are using,
 # and prints a verdict. Every optimization also comes with a correctness check: the fast path must
@@ -13,6 +13,17 @@
 # - know which model you are running, where its files live and how to clear them;
 # - find your devices, and simulate 8 devices on a CPU (and why the flag must come first);
 # - generate a first answer with the real model, and check it against the reference.
+#
+# Links: [JAX quickstart](https://docs.jax.dev/en/latest/quickstart.html) ·
+# [JAX devices and platforms](https://docs.jax.dev/en/latest/_autosummary/jax.devices.html) ·
+# [Flax NNX](https://flax.readthedocs.io/en/latest/) ·
+# [persistent compilation cache](https://docs.jax.dev/en/latest/persistent_compilation_cache.html) ·
+# [SmolLM2 (Allal et al., 2025)](https://arxiv.org/abs/2502.02737) ·
+# [Llama architecture (Touvron et al., 2023)](https://arxiv.org/abs/2302.13971)
+#
+# **For instructors:** `docs/workshop.md` is the workshop kit: the plan of a session, how to set up a room
+# that works offline (`make wheelhouse` collects every wheel and the model beforehand), and
+# `jaxlab check NN notebook.ipynb`, which runs a student's exercises of notebook NN against the checkers.
 #
 # ## The map
 #
@@ -62,7 +73,7 @@ import jaxlab
 from jaxlab.io import assets
 from jaxlab import cli
 from jaxlab.lab.exercises import nb00
-from jaxlab.lab.notebook import check, setup, table, verdict
+from jaxlab.lab.notebook import check, setup, show_source, table, verdict
 from jaxlab.tools.reference import compare_greedy, golden_criteria, load_golden
 
 _ = setup()
@@ -95,7 +106,8 @@ print("backend is cpu, gpu or tpu:", jax.default_backend() in {"cpu", "gpu", "tp
 # faster, but sharding, collectives and their compiled programs are real.
 #
 # The flag must be set **before** JAX starts its backend: XLA reads its flags once, at
-# initialization. This kernel has already imported and used JAX, so setting it now changes nothing:
+# initialization. This kernel has already imported and used JAX. **Predict first:** if we set the flag
+# now, in this kernel, how many devices will `jax.device_count()` report?
 
 # %%
 before = jax.device_count()
@@ -179,7 +191,8 @@ _ = table(rows)
 # %% [markdown]
 # Loading returns the parameters (a pytree of float32 arrays on a CPU; bfloat16 by default on TPU and
 # recent GPUs, see notebook 03), the tokenizer (read from the GGUF
-# file's own metadata) and the config:
+# file's own metadata) and the config. **Predict first:** the file is about 100 MB at about 5 bits per
+# weight; how many MB will the weights take in memory as float32?
 
 # %%
 m = jaxlab.load()
@@ -192,22 +205,52 @@ print(f"weights in memory: {m.params.nbytes() / 1e6:.0f} MB as {m.params.policy.
 
 # %% [markdown]
 # Dequantized to float32, the weights take several times the file's size: 32 bits per weight instead
-# of about 5. Notebook 09 keeps them quantized instead.
+# of about 5. Notebook 09 keeps them quantized instead. Where are those bytes? The input embedding
+# (49152 tokens × 576) is also the output layer ("tied" weights), so it is stored once:
+
+# %%
+import matplotlib.pyplot as plt
+
+from jaxlab.lab import essentials
+
+fig = essentials.plot_param_bytes(m.params)
+plt.show()
+
+# %% [markdown]
+# About a fifth of the model is the vocabulary table; the 30 layers hold the rest, three quarters of it in
+# their MLPs.
 #
 # ## A first answer
 #
 # The chat template wraps the question in the roles the model was trained on; `Generator` compiles a
 # prefill and a decode step, then generates greedily (always the most likely next token) until the
-# end-of-turn token:
+# end-of-turn token. **Predict first:** how many tokens will the answer to "What is the capital of
+# France?" take, and will the model be sure of every one of them?
 
 # %%
 question = "What is the capital of France?"
 ids = m.tokenizer.apply_chat_template([{"role": "user", "content": question}],
                                       add_generation_prompt=True, tokenize=True)
 gen = jaxlab.Generator(m.params, m.tokenizer)
-[answer] = gen.generate([ids], max_new_tokens=32)
+[answer] = gen.generate([ids], max_new_tokens=32, logprobs=True)
 print(answer.text)
 print("finished because:", answer.finish_reason)
+
+# %% [markdown]
+# `logprobs=True` also returned the log-probability of each chosen token. Greedy decoding picks the most
+# likely token, but "most likely" can mean 99 % or 30 %:
+
+# %%
+fig = essentials.plot_token_probabilities(m.tokenizer, answer.generated_ids, answer.logprobs)
+plt.show()
+
+# %% [markdown]
+# The loop that produced it is `Generator.generate`: pad the prompt to a bucket, run the prefill (one
+# compiled program for the whole prompt), then one compiled decode step per token, reading each token
+# back to the host to stream it and to stop at the end-of-turn token (notebooks 04 and 05 build it):
+
+# %% tags=["nbval-ignore-output"]
+_ = show_source(jaxlab.Generator.generate, skip_docstring=True)
 
 # %% [markdown]
 # Is it right, token for token? `data/reference/smollm2_135m.json` holds what Hugging Face
@@ -261,16 +304,43 @@ _ = check("no new compilation for the second question", streamed.compile_seconds
 # servers, and the article's jitted "inference" function never calls a model at all: it returns
 # NumPy random numbers (notebook 01 runs that pattern and shows what `jit` does to it). This lab runs open weights on your device instead; `optax`, an optimizer library for
 # training, is not needed for inference. And the Python version can be read from the packages
-# themselves:
+# themselves. **Predict first:** does the jax this lab pins still install on Python 3.8?
 
 # %%
 from importlib import metadata
 
 needs = metadata.metadata("jax")["Requires-Python"]
 print(f"jax {jax.__version__} requires Python {needs}")
-_ = verdict("the recommended stack includes Python 3.8+", needs.replace(" ", "") in {">=3.8", ">=3.9", ">=3.10"},
-            f"the jax installed here declares Requires-Python {needs}")
+_ = verdict("stack_python_38", essentials.min_python_minor(needs),
+            f"the jax installed here declares Requires-Python {needs}; Python 3.8 reached its end of life in 2024")
 
+
+# %% [markdown]
+# ## Summary
+#
+# - JAX picks its backend at start-up; XLA reads its flags once, so `XLA_FLAGS` (eight simulated CPU
+#   devices) must be set before JAX starts: a fresh process saw 8 devices, this kernel kept its count.
+# - The model is SmolLM2-135M from a verified GGUF file; as float32 it takes several times the file's
+#   size, and about a fifth of it is the tied embedding.
+# - A first answer was generated greedily and matched the reference's tokens; a second question reused
+#   the compiled programs (no new compilation).
+# - The article's "Python 3.8+" is out of date: the pinned jax declares its own minimum.
+#
+# **Quiz**
+#
+# 1. Why does setting `XLA_FLAGS` in a running kernel not change the number of devices?
+#    <details><summary>Answer</summary>XLA reads its flags once, when JAX initializes its backend; after
+#    the first use of JAX in a process, the flag is read by no one. Set it before `import jax` (or in a
+#    fresh process).</details>
+# 2. The GGUF file is about 100 MB but the weights take about 540 MB in memory. Why?
+#    <details><summary>Answer</summary>The file stores them quantized (Q4_1 / Q8_0: about 5 bits per
+#    weight); the lab dequantizes them once to float32, 32 bits per weight.</details>
+# 3. Why did the second question compile nothing?
+#    <details><summary>Answer</summary>Its prompt fit the same length bucket and the same cache length, so
+#    the prefill and decode programs compiled for the first question had the right shapes.</details>
+# 4. Why is the reference check exact on a CPU but only "the first 16 tokens" on a TPU?
+#    <details><summary>Answer</summary>On a CPU the model runs in float32, like the reference; on TPU and
+#    recent GPUs it runs in bfloat16, whose rounding can flip a near-tie between two tokens.</details>
 
 # %% [markdown]
 # ## Exercises
@@ -303,3 +373,9 @@ def chat_ids(tokenizer, question):
 
 
 _ = nb00.check_chat_ids(chat_ids, m.tokenizer)
+
+# %% [markdown]
+# **An experiment of your own.** Ask the model three questions of your own (a fact, a piece of code, a
+# question it cannot know the answer to) with `logprobs=True`, and plot each answer's token
+# probabilities with `essentials.plot_token_probabilities`. Where is the model unsure, and does its
+# uncertainty line up with the places where the answer is wrong?

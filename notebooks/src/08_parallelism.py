@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 08 · Parallelism: one model, many devices
 #
-# Until now one device ran everything. This notebook splits generation with the real SmolLM2-135M
+# *About 45 minutes.* Until now one device ran everything. This notebook splits generation with the real SmolLM2-135M
 # across devices in three ways (**data parallel**, **tensor parallel**, and both at once on a 2-D
 # mesh), writes tensor parallelism once more by hand, and finally runs two *processes* as one
 # machine. Each time we check that the greedy tokens are exactly the ones a single device produces.
@@ -21,6 +21,14 @@
 # > Attention computations, for example, are highly parallelizable, while softmax operations involve
 # > global reductions that require synchronization."
 #
+# Links: [Distributed arrays and automatic parallelization](https://docs.jax.dev/en/latest/notebooks/Distributed_arrays_and_automatic_parallelization.html)
+# · [Manual parallelism with `shard_map`](https://docs.jax.dev/en/latest/notebooks/shard_map.html)
+# · [`jax.pmap`](https://docs.jax.dev/en/latest/_autosummary/jax.pmap.html)
+# · [Multi-process environments](https://docs.jax.dev/en/latest/multi_process.html)
+# · [Megatron-LM, tensor parallelism (Shoeybi et al., 2019)](https://arxiv.org/abs/1909.08053)
+# · [Efficiently Scaling Transformer Inference (Pope et al., 2022)](https://arxiv.org/abs/2211.05102)
+# · [Ring Attention, sequence parallelism (Liu et al., 2023)](https://arxiv.org/abs/2310.01889)
+#
 # **Learning goals**
 #
 # - build a device **mesh** with named axes (`data`, `model`) and see how arrays are laid out on it;
@@ -29,6 +37,7 @@
 #   check that the tokens do not change;
 # - write tensor parallelism by hand with `shard_map` and two `psum`s per layer, and read the
 #   collectives XLA inserted from the compiled program;
+# - find out when the softmax needs communication (a split sequence) and when it needs none (whole heads);
 # - work out what each strategy costs in memory and communication, and when each one pays off;
 # - run two processes as one mesh: the code path of a TPU pod slice.
 
@@ -44,6 +53,7 @@ if FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + FLAG).strip()
 
 import jax
+import matplotlib.pyplot as plt
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -52,10 +62,10 @@ from jaxlab.engine import distributed, placement, sharding
 from jaxlab.engine.mesh import (CACHE_AXES, RULES, STRATEGIES, describe_mesh, fit_mesh, format_mesh, logical_to_spec,
                                 make_mesh, mesh_devices, mesh_shape, param_logical_axes, rules_for)
 from jaxlab.engine.kvcache import left_pad
-from jaxlab.engine.model import init_params
+from jaxlab.engine.model import Block, init_params
 from jaxlab.tools.reference import compare_logits, load_golden
 from jaxlab.lab import parallel
-from jaxlab.lab.notebook import setup, table, verdict, check
+from jaxlab.lab.notebook import check, setup, show_source, table, unmeasured, verdict
 
 setup()
 m = jaxlab.load()
@@ -74,7 +84,7 @@ print(MESH.note)
 # would run all the code below but split nothing, and every claim about communication would be vacuous.
 # So with fewer than 4 accelerators (a free Colab TPU runtime is a single v5e chip),
 # `mesh_devices` builds the meshes from 8 simulated CPU devices instead and says so in the
-# first cell's output; the verdicts below are guarded on the number of devices actually used. For real
+# first cell's output (the counts of collectives below assume at least 2 devices). For real
 # multi-chip runs, open this notebook on Kaggle with the **TPU v5e-8** accelerator (8 chips on one host),
 # or on a Cloud TPU VM (section 6 and the README's "More than one device").
 
@@ -93,21 +103,21 @@ make_mesh({"data": N, "model": 2}, DEVICES)
 
 # %% [markdown]
 # A `NamedSharding(mesh, PartitionSpec(...))` says, for each dimension of an array, which mesh axis
-# splits it (`None`: not split, every device along that axis holds all of it).
-# `jax.debug.visualize_array_sharding` draws which device holds which block. Rows split over `data`,
-# columns over `model` (device ids as in the grid above):
+# splits it (`None`: not split, every device along that axis holds all of it). Two arrays placed on the
+# mesh: activations with rows split over `data` and columns over `model`, and a weight split by columns
+# over `model` only, so each column block is *replicated* over `data`.
+#
+# **Predict first:** on the `data=2,model=4` mesh, which devices hold the weight's first column block?
+# (Each array's `addressable_shards` says which device holds which index; the figure draws them,
+# device ids as in the grid above.)
 
-# %% tags=["nbval-ignore-output"]
+# %%
 x = jax.device_put(np.arange(8 * 12.0).reshape(8, 12), NamedSharding(mesh, P("data", "model")))
-jax.debug.visualize_array_sharding(x)
-
-# %% [markdown]
-# And a weight split by columns over `model` only: each column block is *replicated* over `data`
-# (on 8 devices, devices 0 and 4 hold the same block, and so on).
-
-# %% tags=["nbval-ignore-output"]
 w = jax.device_put(np.zeros((576, 768), np.float32), NamedSharding(mesh, P(None, "model")))
-jax.debug.visualize_array_sharding(w)
+for shard in w.addressable_shards[:2]:
+    print(f"{shard.device} holds columns {shard.index[1].start} to {shard.index[1].stop} of w")
+fig = parallel.plot_sharding({"activations P('data', 'model')": x, "weight P(None, 'model')": w})
+plt.show()
 
 
 # %% [markdown]
@@ -146,9 +156,24 @@ _ = check("pmap over the devices == one device", np.allclose(np.asarray(out).res
                                                               atol=1e-5), f"{n} devices x {len(prompts8) // n} rows")
 
 # %% [markdown]
+# Did the work really go to different devices? The result is a sharded array: each of its
+# `addressable_shards` lives on one device and holds that device's rows. Count the devices whose share
+# equals the one-device result for those rows:
+
+# %%
+reference = np.asarray(one_device).reshape(out.shape)
+correct_shares = {shard.device.id for shard in out.addressable_shards
+                  if np.allclose(np.asarray(shard.data), reference[shard.index], atol=1e-5)}
+_ = verdict("pmap_shards_the_computation", len(correct_shares),
+            "each device ran the same program on its own rows; the parameters were broadcast to every device")
+
+# %% [markdown]
 # Correct, but with a trap that only shows on a big model: with `in_axes=None`, `pmap` copies the
 # argument to every device **on every call**, unless it already lives, replicated, on exactly those
-# devices. Here is the real model's embedding (113 MB) passed both ways:
+# devices. Here is the real model's embedding (113 MB) passed both ways.
+#
+# **Predict first:** the lookup itself reads 4 rows per device. How many times slower is the call that
+# copies the embedding first: 2x, 10x, 1000x?
 
 # %% tags=["nbval-ignore-output"]
 import time
@@ -165,6 +190,8 @@ for label, e in [("on one device (copied every call)", emb), ("replicated once (
     jax.block_until_ready(lookup(e, ids_per_device))
     rows.append({"embedding": label, "ms per call": 1e3 * (time.perf_counter() - t0)})
 _ = table(rows)
+_ = verdict("pmap_overhead_bottleneck", rows[0]["ms per call"] / rows[1]["ms per call"],
+            "the copy is the communication pmap does when the parameters are not placed beforehand")
 
 # %% [markdown]
 # `sharding.Sharded` does the same for generation with `pmap`: the weights are replicated once, before
@@ -240,6 +267,9 @@ _ = check("zero heads change nothing (tiny model, padded for model=8)",
 # count its collectives, and the bytes they produce per device. (To keep the notebook quick, the prompts
 # go through the decode step one token at a time, `prefill=False`: one compiled program per strategy
 # instead of two. The tests also run the prefill program of every strategy.)
+#
+# **Predict first:** the tiny model has 3 layers. How many all-reduces does one decode step of each
+# strategy need, and which strategies need none?
 
 # %%
 with jax.default_device(DEVICES[0]):  # the one-device reference, on the meshes' kind of device
@@ -258,21 +288,27 @@ _ = table(rows, title=f"tiny model ({tiny.config.n_layers} layers), 8 prompts, 8
 # %% [markdown]
 # Data parallel needs no communication at all: each device runs its rows with all the weights. Every
 # head-splitting strategy has exactly **two all-reduces per layer**, the two row-parallel matmuls,
-# whether the compiler inserted them (`jit`) or we wrote them (`shard_map`). The softmax needs none:
-# a device owns whole heads, and a head's softmax runs over its own scores.
+# whether the compiler inserted them (`jit`) or we wrote them (`shard_map`). The figure shows where they
+# sit in a layer: the matrices that produce heads and hidden units are split by **columns** (each device
+# computes whole heads, whole units), the two that consume them by **rows**, so each device's product is
+# a partial sum of the full output, and an all-reduce adds the partial sums. The counts in the title are
+# read from the compiled program:
 
 # %%
 tp = parallel.decode_step_info(runs["tensor"], len(prompts8))
 per_layer = tp.collectives["all-reduce"] / tiny.config.n_layers
-if runs["tensor"].shape["model"] > 1:
-    _ = verdict("softmax operations involve global reductions that require synchronization",
-                per_layer != 2 or tp.total_collectives != tp.collectives["all-reduce"],
-                f"tensor-parallel decode has {per_layer:.0f} all-reduces per layer, after wo and w_down, and no "
-                "collective for the softmax: each device owns whole heads (it would hold for sequence parallelism, "
-                "where one softmax row spans devices)")
-else:  # a 1-device "tensor" mesh splits no heads: no collective at all, which proves nothing
-    _ = verdict("softmax operations involve global reductions that require synchronization", None,
-                f"not measurable on {N} device: nothing is split, so there is no collective to count")
+print(f"tensor, model={runs['tensor'].shape['model']}: {tp.collectives['all-reduce']} all-reduces for "
+      f"{tiny.config.n_layers} layers, {tp.total_collectives - tp.collectives['all-reduce']} other collectives")
+fig = parallel.plot_tensor_parallel(runs["tensor"].shape["model"], per_layer, tiny.config.n_layers,
+                                    tp.collectives["all-reduce"])
+plt.show()
+
+# %% [markdown]
+# The hook where the two all-reduces go is in the model's decoder block itself: `reduce` is the identity
+# on one device and `psum` over `model` under tensor parallelism.
+
+# %% tags=["nbval-ignore-output"]
+_ = show_source(Block.__call__)
 
 # %% [markdown]
 # One line of the compiled HLO: an all-reduce over the `model` groups (`replica_groups` lists which
@@ -280,6 +316,36 @@ else:  # a 1-device "tensor" mesh splits no heads: no collective at all, which p
 
 # %% tags=["nbval-ignore-output"]
 print(next(line.strip()[:240] for line in tp.hlo.splitlines() if " all-reduce(" in line))
+
+# %% [markdown]
+# ### Does the softmax need synchronization?
+#
+# The article says it does. Under tensor parallelism the decode step above has no collective besides
+# the two of `wo` and `w_down`: a device owns whole heads, and a head's softmax runs over its own scores.
+# The softmax needs a collective only when one softmax *row* (one query's scores over the cache) is
+# spread over devices, as in **sequence parallelism**, where each device holds a block of the cache's
+# slots (ring attention splits long contexts this way). Here is one attention step, written plainly:
+
+# %% tags=["nbval-ignore-output"]
+_ = show_source(parallel.softmax_attention)
+
+# %% [markdown]
+# **Predict first:** compiled with its 8 heads split over 8 devices, and then with its 256 cache slots
+# split over 8 devices, how many collectives does each program need, and what does each one compute?
+
+# %%
+attention_mesh = make_mesh({"data": 1, "model": N}, DEVICES)
+by_heads = parallel.attention_collectives(attention_mesh, "heads")
+by_sequence = parallel.attention_collectives(attention_mesh, "sequence")
+for name, info in [("heads split", by_heads), ("sequence split", by_sequence)]:
+    print(f"{name}: {info.total_collectives} collectives",
+          [f"all-reduce of {shape} with {op}" for shape, op in parallel.all_reduce_ops(info.hlo)])
+_ = verdict("softmax_needs_synchronization", {
+    "whole heads: decode step, besides wo's and w_down's": (tp.total_collectives - 2 * tiny.config.n_layers)
+    / tiny.config.n_layers,
+    "whole heads per device: one attention step": by_heads.total_collectives,
+    "cache slots split: one attention step": by_sequence.total_collectives,
+}, "with the sequence split, the softmax's max and sum and the weighted sum of values are each all-reduced")
 
 # %% [markdown]
 # ### The real model
@@ -309,29 +375,36 @@ print("decode step:", real_info.collectives["all-reduce"], "all-reduces for", cf
 # program **one device** runs, on its local blocks, and say where the collectives go. There is no
 # second copy of the model for it: the per-device program of `jaxlab.engine.sharding` is the model's
 # own `forward`, built for the local sizes (12/4 = 3 query heads, 1 KV head, 1536/4 MLP units on
-# `model=4`) and given one hook, `reduce`, which the model applies to the outputs of its two
-# row-parallel matmuls before they join the residual stream:
+# `model=4`) and given the `reduce` hook shown above, here `psum` over `model`. In outline (the full
+# version, with the cache's layout and the specs, is `Sharded` in `jaxlab/engine/sharding.py`):
 #
 # ```python
 # psum = functools.partial(jax.lax.psum, axis_name="model")
-# logits, cache = forward(local_params, tokens, positions, cache, reduce=psum)
-# # inside, for every layer:
+#
+# def step_on_device(local_params, tokens, positions, cache):   # this device's heads and MLP units
+#     return greedy_step(local_params, tokens, positions, cache, reduce=psum)
+#
+# decode = jax.jit(jax.shard_map(step_on_device, mesh=mesh, in_specs=(param_specs, row, row, cache_specs),
+#                                out_specs=(row, row, cache_specs)))
+# # inside forward, for every layer:
 # #     x = x + reduce(attn(attn_norm(x)))   # all-reduce 1: wo's partial sums
 # #     x = x + reduce(mlp(mlp_norm(x)))     # all-reduce 2: w_down's
 # ```
 #
-# wrapped as `jax.jit(jax.shard_map(step, mesh=mesh, in_specs=..., out_specs=...))`, where the specs
-# are the same `PartitionSpec`s the rules give. Same tokens, same two all-reduces per layer (the table
-# above): `shard_map` is what you reach for when you want to *control* the communication (overlap it
-# with compute, use a different collective) rather than leave it to the partitioner. On one device
-# `reduce` is the identity; and since this is the model's one forward pass, quantized weights and the
-# int8 KV cache run sharded unchanged (the tests check both against one device).
+# The specs are the same `PartitionSpec`s the rules give. Same tokens, same two all-reduces per layer
+# (the table above): `shard_map` is what you reach for when you want to *control* the communication
+# (overlap it with compute, use a different collective) rather than leave it to the partitioner. On one
+# device `reduce` is the identity; and since this is the model's one forward pass, quantized weights and
+# the int8 KV cache run sharded unchanged (the tests check both against one device).
 #
 # ## 5 · What communication costs
 #
 # Per decode step, a device reads its weights and its KV cache from memory, and (when heads are split)
 # all-reduces two activations per layer. All three are determined by shapes, so we can work them out
-# for the real model and a batch of 8 without running anything:
+# for the real model and a batch of 8 without running anything.
+#
+# **Predict first:** tensor parallel on `model=8` splits the weights eight ways. Does each device hold
+# an eighth of the 538 MB?
 
 # %%
 rows = []
@@ -378,19 +451,17 @@ _ = table(rows, title=f"measured on {MESH.platform} ({N} devices{', simulated' i
 # - **both at once** is how large models are served: tensor parallel inside a group of chips with a
 #   fast interconnect, data parallel across groups, a mesh axis for each.
 #
-# So the article's claim holds in one sense and not the other:
+# So the article's claim holds in one sense (section 2: pmap splits the work and stays correct), and the
+# other sense, more speed when one device is not enough, needs real devices:
 
-# %%
-if N < 2:
-    because = f"not measurable on {N} device: nothing is split"
-elif MESH.platform == "cpu":
-    because = (f"every strategy gives the single-device tokens on {N} devices, so the work really is split and "
-               "stays correct; whether it is faster cannot be measured on simulated devices that share one CPU "
-               "(the table above gives what each device saves and pays)")
+# %% tags=["nbval-ignore-output"]
+if MESH.simulated or N < 2:
+    _ = unmeasured("pmap_helps_when_one_device_is_not_enough",
+                   f"the {N} devices here are simulated on one CPU's cores, so a speed-up would measure how XLA "
+                   "shares those cores, not more devices (the table above gives what each device saves and pays)")
 else:
-    because = (f"every strategy gives the single-device tokens on {N} {MESH.platform} devices, so the work really "
-               "is split and stays correct; the step times above are per strategy, not against one chip")
-_ = verdict("pmap extends the parallelism across multiple devices", None, because)
+    _ = verdict("pmap_helps_when_one_device_is_not_enough", parallel.data_parallel_gain(tiny, DEVICES, batch=8),
+                f"the tiny model's decode step, data parallel on {N} {MESH.platform} devices against one")
 
 # %% [markdown]
 # ## 6 · Two processes, one mesh
@@ -451,6 +522,40 @@ _ = check("two processes generate what one process does", all(r["tokens"] == wan
 # | tensor | heads, MLP units, KV heads | 2 all-reduces per layer | the model is too big for one device, or per-token latency matters and the devices have a fast interconnect |
 # | data + tensor | both | 2 all-reduces per layer, inside each `model` group | large models *and* large batches: tensor inside a host, data across hosts |
 #
+# ## Summary
+#
+# - A mesh names the device axes; a `PartitionSpec` per array says which axis splits which dimension, and
+#   a strategy is only a mapping from the model's logical axes to mesh axes.
+# - `pmap` needs `in_axes=None` for the parameters and a leading device axis; it split the batch over every
+#   device correctly here, and copied an unplaced 113 MB argument on every call (the overhead the article
+#   warns of), which placing it once removes. `jit` with shardings and `shard_map` are its modern forms.
+# - Data, tensor and both at once gave the one-device tokens; the compiled tensor-parallel step has exactly
+#   two all-reduces per layer, after the row-parallel `wo` and `w_down`.
+# - The softmax needs no collective while each device owns whole heads; split a softmax row (the cache's
+#   sequence axis) and its max, its sum and the weighted values are all-reduced.
+# - Simulated devices show correctness, collectives and bytes, not speed: tensor parallelism trades each
+#   device's weight reads for 60 small all-reduces per token on SmolLM2.
+#
+# **Quiz**
+#
+# 1. Why does `jax.pmap(f)(params, tokens, positions)` fail, and what does `in_axes=(None, 0, 0)` change?
+#    <details><summary>Answer</summary>pmap maps every argument over its leading axis, which must have one
+#    entry per device; the parameters have no such axis. `None` broadcasts them (a full copy per device)
+#    and maps only the inputs, reshaped to `[devices, rows per device, T]`.</details>
+# 2. Why are `wq`, `wk`, `wv` split by columns but `wo` by rows, and what does that cost per layer?
+#    <details><summary>Answer</summary>Column blocks of `wq`/`wk`/`wv` give each device whole heads, which it
+#    can attend with alone. `wo` consumes those heads, so it is split by the rows that meet them: each device's
+#    product is a partial sum of the full output, and one all-reduce adds them. The MLP does the same, so two
+#    all-reduces per layer.</details>
+# 3. When does the softmax need a collective?
+#    <details><summary>Answer</summary>When one softmax row, a query's scores over the cache, is spread over
+#    devices (sequence parallelism): the row's max and sum, and the weighted sum of values, must be combined
+#    across devices. With whole heads per device it needs none.</details>
+# 4. On `model=8`, why does each device hold more than an eighth of the weights?
+#    <details><summary>Answer</summary>The embedding (a fifth of the model) is replicated, and the 3 KV heads
+#    are padded to 8 (with their zero query heads), so each device holds its share of a bigger model plus the
+#    whole embedding.</details>
+#
 # ## Exercises
 #
 # Solutions are in `notebooks/solutions/08_parallelism.py`.
@@ -494,3 +599,10 @@ def my_pad_heads(wq, wk, wv, wo, n_heads, n_kv_heads, head_dim, model):
 
 
 passed = nb08.check_pad_heads(my_pad_heads)
+
+# %% [markdown]
+# **An experiment of your own.** Split the embedding over `vocab` as well (the tensor strategy's rules plus
+# `"vocab": "model"`, passed as `rules=` to `sharding.shard`), check that the tokens do not change, and count
+# the collectives of its decode step again with `parallel.decode_step_info`: which new collective appears, and
+# how many bytes does it move per token? Then make the attention step above longer (`seq=4096`) and see whether
+# the number of collectives or only their bytes change.

@@ -1,11 +1,17 @@
 # %% [markdown]
 # # 10 · Speculative decoding
 #
-# Decoding one token at a time leaves most of the machine idle: each step reads every weight of the
+# *About 40 minutes.* Decoding one token at a time leaves most of the machine idle: each step reads every weight of the
 # model to produce a single token. *Speculative decoding* guesses several tokens cheaply and lets the
 # model check all the guesses in one forward pass, keeping the ones it agrees with. Done right, the
 # output is exactly what plain decoding would have produced. This notebook builds it on the real
 # SmolLM2-135M, draws what happens round by round, and measures when it pays and when it does not.
+#
+# Links: [Fast Inference from Transformers via Speculative Decoding (Leviathan et al., 2023)](https://arxiv.org/abs/2211.17192)
+# · [Accelerating LLM Decoding with Speculative Sampling (Chen et al., 2023)](https://arxiv.org/abs/2302.01318)
+# · [Prompt lookup decoding](https://github.com/apoorvumang/prompt-lookup-decoding)
+# · [Pseudorandom numbers in JAX](https://docs.jax.dev/en/latest/random-numbers.html)
+# · [`jax.jit` and recompilation](https://docs.jax.dev/en/latest/jit-compilation.html)
 #
 # **Learning goals**
 #
@@ -21,14 +27,14 @@
 # %% tags=["nbval-ignore-output"]
 import jax
 import jax.numpy as jnp
-import numpy as np
 import matplotlib.pyplot as plt
+import numpy as np
 
 import jaxlab
-from jaxlab.engine import speculative as spec
+from jaxlab.engine import kvcache, speculative as spec, steps
 from jaxlab.lab import speculation
 from jaxlab.tools.profile import CompileCounter
-from jaxlab.lab.notebook import setup, table, verdict, check
+from jaxlab.lab.notebook import check, setup, show_source, table, verdict
 
 setup()
 m = jaxlab.load()
@@ -37,7 +43,7 @@ print(m)
 # %% [markdown]
 # ## The claim
 #
-# The article this lab tests only names the technique, as one of the things coming next:
+# The article this lab tests only names the technique, among the tools it expects the JAX ecosystem to grow:
 #
 # > "The JAX ecosystem is evolving rapidly, with new tools for model quantization, **speculative
 # > decoding**, and KV-cache optimization emerging from both Google and the open-source community."
@@ -66,10 +72,30 @@ print(m)
 #    pass; `kvcache.rollback` moves the write index back and marks those slots empty.
 #
 # The verify call always has shape `[B, k+1]`, so one compiled program serves every round, however many
-# drafts get accepted.
+# drafts get accepted. One round, for one prompt with n-gram drafts, in outline:
 #
+# ```python
+# while len(generated) < max_new_tokens:
+#     drafts = ngram_propose(context, k)                      # [] when nothing recurs
+#     feed = [x] + drafts if drafts else [x]                 # no draft: a plain decode step
+#     tokens, n, cache = verify_step(params, feed, positions, cache, index, ...)
+#     generated += tokens[: n + 1]                           # the n kept drafts, then the model's own token
+#     x, index = tokens[n], index + n + 1                    # the next round starts after them
+# ```
+#
+# (`SpeculativeDecoder` in `jaxlab/engine/speculative.py` runs this for a batch, with stop strings and the
+# draft model.) The verify step, the greedy rule that picks what to keep, and the rollback, as
+# `jaxlab.engine` has them:
+
+# %% tags=["nbval-ignore-output"]
+_ = show_source(steps.verify_step)
+_ = show_source(spec.greedy_accept)
+_ = show_source(kvcache.rollback)
+
+# %% [markdown]
 # Here is a real run: the model is asked to fix a typo in a few lines of code, so most of the answer is
-# a copy of the prompt. Each row is one round with n-gram drafts, k = 4:
+# a copy of the prompt. Each row is one round with n-gram drafts, k = 4. **Predict first:** of the 24
+# tokens, how many verify calls will it take? (Plain decoding takes one call per token.)
 
 # %%
 K, N = 4, 24  # draft length, tokens to generate
@@ -82,6 +108,7 @@ print(run.text)
 
 # %% tags=["nbval-ignore-output"]
 ax = speculation.plot_rounds(run, m.tokenizer, max_rounds=10)
+plt.show()
 
 # %% [markdown]
 # Read the picture row by row: green drafts were kept, the red one is the first wrong guess (the grey
@@ -95,7 +122,10 @@ ax = speculation.plot_rounds(run, m.tokenizer, max_rounds=10)
 # `speculation.measure` runs each task's prompt with plain greedy decoding (`jaxlab.Generator`, EOS ignored)
 # and with speculative decoding, compares the tokens, and times the decode phase of both (every
 # program compiled beforehand). Three prompts copy from their input (repeat a paragraph, fix a typo
-# in code, extract names) and one is open-ended writing:
+# in code, extract names) and one is open-ended writing.
+#
+# **Predict first:** which prompt gets the most tokens per verify call, and what will the open-ended one
+# get? Will speculative decoding ever be *slower* than plain decoding?
 
 # %%
 gen = jaxlab.Generator(m.params, m.tokenizer)
@@ -107,14 +137,23 @@ identical = check("n-gram speculative decoding == plain greedy, token for token"
 acceptance_table = table(
     [{"task": r["task"], "acceptance": round(r["acceptance"], 2), "tokens/call": round(r["tokens/call"], 2)} for r in rows],
     title="Acceptance (fraction of drafts kept) and tokens per verify call")
+_ = verdict("speculative_identical_output", sum(r["identical"] != "yes" for r in rows),
+            "each prompt's tokens compared with plain greedy decoding's, token for token")
+
+# %% [markdown]
+# That is the first half of the usual claim. The second half, "a free speed-up", is a time. We call a gain
+# a speed-up when it is at least 1.3x: below that, the noise of a shared machine and the Python work
+# around each model call can swing the result either way, and a user would not notice it.
 
 # %% tags=["nbval-ignore-output"]
 speed_table = table(rows, title=f"Measured here: decode speed, batch 1, greedy, {N} tokens")
 copy_rows = [r for r in rows if r["task"].startswith("copy")]
 overall = sum(1 / r["plain tok/s"] for r in copy_rows) / sum(1 / r["spec tok/s"] for r in copy_rows)
-print(f"\ncopy-heavy prompts together: {overall:.2f}x (the issue's target, >= 1.3x, is "
-      f"{'met' if overall >= 1.3 else 'not met'} in this run); one by one: "
-      + ", ".join(f"{r['speed-up']:.2f}x" for r in copy_rows))
+print("\ncopy-heavy prompts one by one: " + ", ".join(f"{r['speed-up']:.2f}x" for r in copy_rows))
+_ = verdict("speculative_free_speedup", {
+    "copy-heavy prompts, together": overall,
+    "open-ended writing": next(r["speed-up"] for r in rows if r["task"] == "open-ended"),
+}, "n-gram drafts, k = 4; the speed-up follows the tokens per verify call above")
 
 # %% [markdown]
 # The acceptance column is deterministic (greedy tokens); the speed column is this machine's, and it
@@ -127,17 +166,6 @@ with CompileCounter() as cc:
 ok = check("acceptance from all to nothing, and no compilation", cc.count == 0 and all(r.compiles == 0 for r in again),
       "tokens per call: " + ", ".join(f"{r.tokens_per_call:.1f}" for r in again))
 
-# %%
-copying = min(r["tokens/call"] for r in rows if r["task"].startswith("copy"))
-open_ended = next(r["tokens/call"] for r in rows if r["task"] == "open-ended")
-free = identical and copying > 1.5 and open_ended > 1.2  # a free speed-up gains on every kind of text
-claim = verdict("speculative decoding is a free speed-up, with identical output",
-                free,
-                f"identical output: {'yes' if identical else 'no'}; but the gain depends on the text: the copy-heavy "
-                f"prompts got {'more than 1.5' if copying > 1.5 else 'under 1.5'} tokens per model call, the "
-                f"open-ended one {'under 1.2' if open_ended < 1.2 else 'more than 1.2'}"
-                + (": open-ended writing gains nothing" if open_ended < 1.2 else ""))
-
 # %% [markdown]
 # ## 3 · A draft model from the model's own first layers
 #
@@ -147,6 +175,9 @@ claim = verdict("speculative decoding is a free speed-up, with identical output"
 # for each L, applies the final norm and output embedding to layer L's output: the fraction of
 # positions where that matches the model's greedy token is exactly the chance a draft token is
 # accepted once the tokens before it were right. (The full depth must give 1.0: a check of the probe.)
+#
+# **Predict first:** the model has 30 layers. How many of them must a draft keep before half of its guesses
+# are right?
 
 # %%
 LAYERS = (2, 8, 16, 20, 24, 28, 29, 30)
@@ -183,7 +214,9 @@ ok = check("draft-model speculative decoding == plain greedy", d_run.generated_i
 #
 # $$\text{speed-up} = \frac{\text{tokens per verify call}}{\text{cost of a verify call} + k \cdot \text{cost of a draft step}}$$
 #
-# `speculation.step_costs` times the three steps with the same compiled programs the runs above used:
+# `speculation.step_costs` times the three steps with the same compiled programs the runs above used.
+# **Predict first:** a verify call runs 5 tokens through the model instead of 1. On a CPU, does it cost
+# 1, 2 or 5 decode steps?
 
 # %% tags=["nbval-ignore-output"]
 costs = speculation.step_costs(m.params, k=K, batch=1, draft_layers=8)
@@ -192,6 +225,7 @@ cost_table = table([{"step": "plain decode (1 token)", "ms": costs["decode_s"] *
        {"step": f"draft, L = 8 ({K} tokens)", "ms": costs["draft_s"] * 1e3, "decode steps": costs["draft_s"] / costs["decode_s"]}],
       title="Measured here: step costs, batch 1")
 ax = speculation.plot_speedup(costs, K, rows)
+plt.show()
 
 # %%
 ok = check(f"verifying {K + 1} tokens costs less than {K + 1} decode steps", costs["verify_s"] < (K + 1) * costs["decode_s"])
@@ -217,7 +251,8 @@ ok = check(f"verifying {K + 1} tokens costs less than {K + 1} decode steps", cos
 # The KV cache has one write index for the whole batch, so all rows must advance by the same number of
 # tokens each round. We take the **minimum** accepted count across the rows: every row's tokens are still
 # exactly its greedy tokens (a row that was ahead re-derives its extra tokens next round), but the batch
-# moves at the pace of its worst row. Run all four prompts as one batch:
+# moves at the pace of its worst row. Run all four prompts as one batch. **Predict first:** how many tokens
+# per verify call will the "copy: repeat" row get now?
 
 # %%
 batch = ngram.generate(list(prompts.values()), N)
@@ -282,6 +317,27 @@ ok = check("accepting every draft emits q instead", np.abs(wrong - q).max() < 0.
 #   over one decode step; on GPUs and TPUs it comes closer to one, which is where the technique shines.
 # - A draft made of the model's own first layers guesses too badly to help; a batch advances at its
 #   slowest row's pace, and bigger batches make verification dearer.
+# - Measured here: "identical output" holds; "a free speed-up" holds only when the answer copies from the
+#   prompt.
+#
+# **Quiz**
+#
+# 1. Why can checking k + 1 tokens in one call cost about as much as generating one?
+#    <details><summary>Answer</summary>At batch 1 a decode step is memory-bound: it reads every weight to do
+#    about 2 FLOPs per weight. Feeding k + 1 tokens reads the same weights once and does k + 1 times the
+#    arithmetic, which is nearly free while the step stays memory-bound (closer to free on a GPU or TPU than on
+#    a CPU).</details>
+# 2. Greedy speculative decoding keeps the model's own token after the first wrong draft. Why is the output
+#    then exactly plain greedy's?
+#    <details><summary>Answer</summary>The verify pass gives the model's greedy choice after every prefix
+#    `[x, d1..dj]`. Drafts are kept only while they equal those choices, so every kept token, and the model's
+#    token after them, is what plain greedy would have produced from the same context.</details>
+# 3. Why does changing how many drafts are accepted never recompile anything?
+#    <details><summary>Answer</summary>The verify call always has shape `[B, k+1]`; acceptance only changes
+#    values (how far the cache's write index moves back), never shapes.</details>
+# 4. Why does a batch of 4 mixed prompts get about one token per call?
+#    <details><summary>Answer</summary>The cache has one write index for the batch, so every row advances by
+#    the minimum accepted count, and the open-ended row accepts almost nothing.</details>
 #
 # ## Exercises
 #
@@ -325,3 +381,10 @@ def my_residual(p, q):
 
 
 passed = nb10.check_residual(my_residual)
+
+# %% [markdown]
+# **An experiment of your own.** Write a prompt of your own that you expect to copy a lot (a table to
+# reformat, a list to sort, a JSON object to edit) and one that should not, and run them through
+# `speculation.measure(m.params, m.tokenizer, {"mine: copy": [...], "mine: free": [...]}, k=K)`. Then try
+# `k = 2` and `k = 8` on the copy prompt: where does a longer draft stop paying, given the verify cost you
+# measured in section 4?

@@ -33,7 +33,7 @@ from jaxlab.engine.continuous import Engine
 from jaxlab.engine.generate import Generator
 from jaxlab.engine.sampling import SamplingParams
 from jaxlab.lab import batching
-from jaxlab.lab.notebook import check, setup, table, verdict
+from jaxlab.lab.notebook import check, setup, show_source, table, verdict
 from jaxlab.tools.profile import CompileCounter
 
 setup()
@@ -75,6 +75,20 @@ print(f"static: {steps['static']} steps, continuous: {steps['continuous']} steps
 # partly filled page, and finished sequences give their pages back at once. Page 0 is a *null page* that no
 # sequence owns: padding writes go there.
 #
+# Taking a page is a pop from the pool's free list; the scheduler takes pages until a sequence can hold the
+# positions it is about to compute (and preempts the newest sequence when none is free). Writing a token's key
+# and value is one scatter through the page table:
+
+# %% tags=["nbval-ignore-output"]
+from jaxlab.engine.paged import write_pages
+from jaxlab.engine.pages import PagePool
+from jaxlab.engine.scheduler import Scheduler
+
+_ = show_source(PagePool.allocate)
+_ = show_source(Scheduler.pages_for)
+_ = show_source(write_pages, skip_docstring=True)
+
+# %% [markdown]
 # Here is the engine after a few steps with three requests, two of which share a system prompt:
 
 # %%
@@ -120,12 +134,21 @@ _ = check("paged engine gives the contiguous cache's greedy tokens", same, "3 pr
 _ = check("no compilation after warm-up", cc.count == 0)
 
 # %% [markdown]
+# **One step of the engine.** Between two decode steps the scheduler admits waiting requests into free slots,
+# plans one decode token for every running sequence, and fills the rest of the step's token budget with prompt
+# chunks; the engine then runs one compiled decode program for all slots and one prefill program per chunk:
+
+# %% tags=["nbval-ignore-output"]
+_ = show_source(Scheduler.schedule)
+_ = show_source(Engine.step, skip_docstring=True)
+
+# %% [markdown]
 # (`tests/engine/test_paged.py` also checks the logits: within 1e-5 of the contiguous cache in float32,
 # int8 pages too.)
 #
 # ## 3 · Batch invariance
 #
-# **Predict:** if the same request runs alone, and then in a crowd where others arrive, leave, and are even
+# **Predict first:** if the same request runs alone, and then in a crowd where others arrive, leave, and are even
 # *preempted* because the pool is too small, are its tokens the same?
 #
 # They should be, by construction: every row computes only from its own tokens and pages; its random key
@@ -173,7 +196,10 @@ _ = check("the crowd preempted at least one request", small.scheduler.preemption
 # (Poisson), prompts and outputs long-tailed, EOS ignored so both systems do the same work, arrivals
 # scaled so the offered load is twice what static batching sustained on a warm-up slice. Static = today's
 # `Generator` taking up to 4 waiting requests whenever it is idle; continuous = the engine with 4 slots and
-# the same KV memory. **Predict:** which wins on time to first token, and by how much on throughput?
+# the same KV memory. **Predict first:** which wins on time to first token, and by how much on throughput?
+#
+# The claim is judged in two settings: this reduced trace, measured here, and the full trace's recorded run
+# (64 requests, outputs of 8 to 256 tokens, 8 slots; `benchmarks/results-trace-cpu.json`).
 
 # %% tags=["nbval-ignore-output"]
 from jaxlab.bench.trace import make_trace
@@ -195,15 +221,23 @@ table(
 )
 fig = batching.plot_serving(served)
 plt.show()
-speedup = served["throughput_ratio"]
+
+# %% tags=["nbval-ignore-output"]
+full = batching.STORED_TRACE
+here, stored = "6 requests, outputs 4-20 tokens (here)", "64 requests, outputs 8-256 tokens (stored run)"
 _ = verdict(
-    "continuous batching gives at least 2x the throughput of static batching",
-    speedup >= 2.0,
-    f"{speedup:.2f}x on this reduced trace (the full trace: jaxlab bench --trace)",
+    "continuous_batching_throughput",
+    {here: served["throughput_ratio"], stored: full["throughput_ratio"]},
+    because="static batching wastes a slot for as long as its batch's longest row runs; a short trace with "
+    "short outputs leaves little of that to win back",
 )
+p99 = {here: served["static"]["ttft_s"]["p99"] / served["continuous"]["ttft_s"]["p99"]}
+p99[stored] = full["ttft_p99_s"]["static"] / full["ttft_p99_s"]["continuous"]
 _ = verdict(
-    "continuous batching gives a lower p99 time to first token",
-    served["continuous"]["ttft_s"]["p99"] < served["static"]["ttft_s"]["p99"],
+    "continuous_batching_ttft_p99",
+    p99,
+    because="a request that arrives during a static batch waits for the whole batch; a continuous one waits for "
+    "one slot",
 )
 
 # %% [markdown]
@@ -217,7 +251,7 @@ _ = verdict(
 # Many requests start with the same system prompt. A full page of prompt tokens is registered under a hash
 # of its tokens *and every token before it*, so equal hashes mean equal prefixes. A new request reads the
 # pages of its longest registered prefix instead of computing them; pages are reference-counted, and a page
-# no one holds keeps its content until it is handed out again. **Predict:** with 8 requests sharing a
+# no one holds keeps its content until it is handed out again. **Predict first:** with 8 requests sharing a
 # system prompt of about 150 tokens and 4 slots, how much sooner does the median request get its first token?
 
 # %% tags=["nbval-ignore-output"]
@@ -234,16 +268,21 @@ for reuse in (False, True):
     eng.run()
     ttft[reuse] = [s.first_token_at - t0 for s in ss]
     outs[reuse] = [s.token_ids for s in ss]
-fig, ax = plt.subplots(figsize=(7, 3))
-ax.plot(sorted(ttft[False]), range(1, 9), "o-", label="reuse off")
-ax.plot(sorted(ttft[True]), range(1, 9), "o-", label="reuse on")
-ax.set_xlabel("time to first token (s)")
-ax.set_ylabel("requests served")
-ax.legend()
+fig = batching.plot_prefix_reuse(ttft)
 plt.show()
 gain = np.median(ttft[False]) / np.median(ttft[True])
 print(f"p50 TTFT: {np.median(ttft[False]):.2f} s without reuse, {np.median(ttft[True]):.2f} s with it ({gain:.1f}x)")
-_ = verdict("prefix reuse lowers the median time to first token at least 3x", gain >= 3.0, f"{gain:.1f}x")
+pre = full["prefix"]
+_ = verdict(
+    "prefix_reuse_ttft",
+    {
+        "8 requests, ~150-token prompt, 4 slots (here)": gain,
+        f"{pre['requests']} requests, {pre['system_tokens']}-token prompt, {pre['slots']} slots (stored run)": pre[
+            "ttft_ratio"
+        ],
+    },
+    because="reuse removes the shared prompt's prefill, not the decode steps a request waits for a free slot",
+)
 
 # %%
 _ = check("prefix reuse gives the same tokens", outs[True] == outs[False], "8 requests")
@@ -259,6 +298,9 @@ _ = check("prefix reuse gives the same tokens", outs[True] == outs[False], "8 re
 #   width x chunk), so nothing compiles after warm-up.
 # - A request's tokens do not depend on its neighbours (batch invariance), even across preemption.
 # - **Prefix reuse** computes a shared system prompt once.
+# - Measured, not assumed: the throughput gain over static batching grows with the trace (short here, about 2x on
+#   the recorded 64-request trace), the p99 time to first token falls, and prefix reuse shortens only the
+#   prefill part of the wait (under 3x in both settings above).
 #
 # The engine behind all this is `jaxlab.engine.continuous.Engine`; `jaxlab generate` and `jaxlab chat` run on
 # it, and the server of the next notebooks will too.

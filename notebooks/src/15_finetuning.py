@@ -21,8 +21,6 @@
 # [safetensors](https://huggingface.co/docs/safetensors)
 
 # %% tags=["nbval-ignore-output"]
-import inspect
-
 import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
@@ -36,7 +34,7 @@ from jaxlab.io import export
 from jaxlab.io.assets import data_file
 from jaxlab.io.gguf import load_gguf
 from jaxlab.lab import finetuning
-from jaxlab.lab.notebook import check, setup, table, verdict
+from jaxlab.lab.notebook import check, setup, show_source, table, verdict
 from jaxlab.train import data, finetune, lora, step, task
 
 setup()
@@ -65,9 +63,9 @@ for e in test[:3]:
 # `forward` pass; `at` asks it for logits only at the positions that predict answer tokens (the output head is a
 # fifth of the model's work):
 
-# %%
-print(inspect.getsource(step.loss_fn))
-print(inspect.getsource(step.token_loss))
+# %% tags=["nbval-ignore-output"]
+_ = show_source(step.loss_fn)
+_ = show_source(step.token_loss)
 
 # %% [markdown]
 # Which tokens are scored? **Predict first:** of a row of about 110 tokens, how many carry the loss?
@@ -88,9 +86,15 @@ plt.show()
 # `B` starts at zero, so a fresh adapter changes nothing. In jaxlab the adapter is a pytree that sits where the
 # kernel sits, and the model's linear layer, `dense`, calls its `dot`, exactly as it does for a quantized matrix:
 
+# %% tags=["nbval-ignore-output"]
+_ = show_source(engine_model.dense)
+_ = show_source(lora.LoraKernel.dot)
+
+# %% [markdown]
+# How many weights does the adapter train, against the matrix it sits beside? For one of SmolLM2's feed-forward
+# matrices (576 x 1536):
+
 # %%
-print(inspect.getsource(engine_model.dense))
-print(inspect.getsource(lora.LoraKernel.dot))
 fig = finetuning.plot_lora()
 plt.show()
 
@@ -123,9 +127,9 @@ print(f"SmolLM2-135M: {full:,} weights; a rank-8 adapter on all 7 projections of
 # gradient clipping, then AdamW whose learning rate warms up linearly and decays on a cosine. The adapter and the
 # optimizer state are *donated*: XLA writes their new values into the old buffers.
 
-# %%
-print(inspect.getsource(step.optimizer))
-print(inspect.getsource(step.train_step))
+# %% tags=["nbval-ignore-output"]
+_ = show_source(step.optimizer)
+_ = show_source(step.train_step.__wrapped__)  # the Python function under @jax.jit
 
 # %% [markdown]
 # Now 4 steps of 4 examples on this machine (the stored full run below took 60 steps of 8; compiling the step is
@@ -176,15 +180,22 @@ for b, a in zip(before["replies"][:2], after["replies"][:2]):
 
 # %% [markdown]
 # The seed's claim ("A training script defines a loss function, applies grad to compute gradients, and uses jit to
-# compile the update step"), judged on what was measured: the live loss fell, and the stored run met the issue's
-# targets (base at most 20 %, tuned at least 60 % JSON match on the unseen test items):
+# compile the update step"), judged on what was measured: does the model, after fine-tuning, do the task it
+# failed? The bar: at least 60 % JSON match on unseen test items, from a base model at 20 % or less. It is
+# measured on the stored full run and on the 4 live steps above:
+
+# %%
+_ = check("the base model fails the task", res["base"]["match"] <= 0.2 and before["match"] <= 0.2,
+          "at most 20 % JSON match, stored run and live")  # fmt: skip
 
 # %% tags=["nbval-ignore-output"]
 _ = verdict(
-    "a loss function, grad and a jitted update step fine-tune the model",
-    res["base"]["match"] <= 0.2 and res["tuned"]["match"] >= 0.6 and live.loss[-1] < live.loss[0],
-    f"the inference model's one forward pass under jax.grad; JSON match {res['base']['match']:.1%} -> "
-    f"{res['tuned']['match']:.1%} on {res['tuned']['n']} unseen test items",
+    "finetune_loss_grad_jit",
+    {
+        f"60 steps of 8, {res['tuned']['n']} test items (stored run)": 100 * res["tuned"]["match"],
+        f"4 steps of 4, {len(after['replies'])} test items (here)": 100 * after["match"],
+    },
+    because="the inference model's one forward pass under jax.value_and_grad, and optax's update in one jitted step",
 )
 
 # %% [markdown]
@@ -193,7 +204,8 @@ _ = verdict(
 # `jaxlab bench --train` runs the same step four ways: LoRA and a full fine-tune, each with and without
 # rematerialisation (`jax.checkpoint` around every layer: the backward pass recomputes a layer's inside instead of
 # keeping it). MFU is model FLOPs per second over the float32 matmul ceiling measured in the same run. The stored
-# result (host and date on the figure):
+# result (host and date on the figure). **Predict first:** with remat, how much less temporary memory does a step
+# need, and how much more time does it take?
 
 # %%
 bench = finetuning.stored_bench()
@@ -204,12 +216,12 @@ fig = finetuning.plot_train_bench(bench)
 plt.show()
 
 # %% tags=["nbval-ignore-output"]
-trade = bench["remat_trade"]["full"]
+trade = bench["remat_trade"]
+print("step time, remat on / off:", ", ".join(f"{k} {v['time_ratio']:.2f}x" for k, v in trade.items()))
 _ = verdict(
-    "lax primitives (jax.checkpoint) control what is materialised, trading memory for time",
-    trade["memory_ratio"] < 1.0,
-    f"full fine-tune: remat keeps {trade['memory_ratio']:.2f}x the temporary memory for {trade['time_ratio']:.2f}x "
-    "the step time (stored run)",
+    "remat_trades_memory",
+    {f"{k.replace('full', 'full fine-tune')} (stored run)": v["memory_ratio"] for k, v in trade.items()},
+    because="the backward pass recomputes each layer's inside instead of keeping it, for more step time",
 )
 
 # %% [markdown]
@@ -229,7 +241,9 @@ with tempfile.TemporaryDirectory() as tmp:
     cfg_back, flat_back = load_gguf(path, progress=False)
     same = all(np.array_equal(np.asarray(v), np.asarray(flat_back[k])) for k, v in small.flat().items())
     check("tiny model -> GGUF (F32) -> back: every weight identical", same)
-print(inspect.getsource(export.export_gguf).split('"""')[0])
+
+# %% tags=["nbval-ignore-output"]
+_ = show_source(export.export_gguf)
 
 # %% [markdown]
 # The real model's exports are checked outside the notebook (they need `transformers` and llama.cpp): `make test`
@@ -241,10 +255,10 @@ peers = finetuning.stored_peers()
 for row in peers["files"]:
     print(f"{row['status']}  {row['qtype']:5s} {row['summary']}")
 _ = verdict(
-    "for vLLM or llama.cpp, a JAX model must be exported to SavedModel or ONNX",
-    False if all(r["status"] == "PASS" for r in peers["files"]) else None,
-    "neither reads SavedModel or ONNX (vLLM reads safetensors folders, llama.cpp GGUF); exported as GGUF, the "
-    "fine-tuned model runs in llama.cpp with jaxlab's greedy tokens (the stored peer check above)",
+    "export_savedmodel_onnx",
+    sum(r["status"] == "PASS" for r in peers["files"]),
+    because="neither reads SavedModel or ONNX (vLLM reads safetensors folders, llama.cpp GGUF); exported as GGUF, "
+    "the fine-tuned model runs in llama.cpp with jaxlab's greedy tokens (the stored peer check above)",
 )
 
 

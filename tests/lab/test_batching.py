@@ -43,6 +43,22 @@ def test_figures():
         {n: {"throughput": 3.0, "ttft_s": {"p50": 0.1, "p99": 0.5}} for n in ("static", "continuous")}
     )
     assert len(fig.axes) == 2
+    fig = batching.plot_prefix_reuse({False: [0.3, 0.1, 0.2], True: [0.1, 0.05, 0.08]})
+    assert fig.axes[0].get_title() and fig.axes[0].get_xlabel()
+
+
+def test_stored_trace_equals_the_recorded_bench_run():
+    import json
+    from pathlib import Path
+
+    run = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results-trace-cpu.json").read_text())
+    s, st = run["serving"], batching.STORED_TRACE
+    assert (st["requests"], st["max_batch"]) == (s["requests"], s["max_batch"])
+    assert st["throughput_ratio"] == s["throughput_ratio"]
+    assert st["ttft_p99_s"] == {n: s[n]["ttft_s"]["p99"] for n in ("static", "continuous")}
+    p = run["prefix"]
+    assert st["prefix"] == {k: p[k] for k in ("requests", "system_tokens", "slots", "ttft_ratio")}
+    assert run["meta"]["cpu"] in st["label"]
 
 
 def test_pool_figure_marks_shared_pages():

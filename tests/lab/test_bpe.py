@@ -259,3 +259,18 @@ def test_compare_speed_rows(trained):
     )
     assert set(row) == {"workload", "tokens", "a ms", "b ms", "b speed-up", "same ids"}
     assert row["same ids"] == "yes" and row["a ms"] > 0
+
+
+def test_figures_have_titles_and_labels(trained):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    rows = [{"vocab": v, "corpus tokens": 100 - v // 10, "held-out tokens": 50 - v // 20} for v in (256, 300)]
+    figs = [
+        bpe.plot_compression(rows, 120, 60),
+        bpe.plot_bytes_per_token({"English": "Hello world", "digits": "2024"}, trained.encode),
+        bpe.plot_throughput({"model prefill": 800.0, "pure Python": 2e5}),
+    ]
+    for fig in figs:
+        ax = fig.axes[0]
+        assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()

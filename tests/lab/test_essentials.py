@@ -259,3 +259,92 @@ def test_check_chat_ids(sol00, gguf_path, capsys):
     assert not nb00.check_chat_ids(no_prompt, tok)
     out = capsys.readouterr().out
     assert "not implemented yet" in out and out.count("FAIL") == 3
+
+
+# ------------------------------------------------------------------------- measurements and figures
+
+
+def test_python_calls_per_call_is_zero_for_a_cached_program_and_many_for_new_shapes():
+    f = jax.jit(lambda v: v + 1)
+    one = jnp.ones(3)
+    jax.block_until_ready(f(one))  # compiled before counting
+    assert essentials.python_calls_per_call(f, [(one,)] * 20) == 0
+    fresh = jax.jit(lambda v: v * 2)
+    assert essentials.python_calls_per_call(fresh, [(jnp.ones(n),) for n in (2, 5, 7)]) > 50
+
+
+def test_python_calls_per_call_restores_the_profiler():
+    import sys
+
+    def mine(frame, event, arg):
+        return None
+
+    sys.setprofile(mine)
+    try:
+        essentials.python_calls_per_call(lambda: 1, [()])
+        assert sys.getprofile() is mine
+    finally:
+        sys.setprofile(None)
+
+
+@pytest.mark.parametrize("spec, minor", [(">=3.11", 11), (">=3.8,<4", 8), ("~=3.9", 9), (">= 3.10", 10), ("", 0)])
+def test_min_python_minor(spec, minor):
+    assert essentials.min_python_minor(spec) == minor
+
+
+def test_min_python_minor_refuses_an_impossible_spec():
+    with pytest.raises(ValueError, match="no Python 3.x"):
+        essentials.min_python_minor(">=4.0")
+
+
+def test_first_call_x():
+    r = essentials.EagerVsJit(eager_first_s=1.0, eager_s=0.01, jit_compile_s=0.9, jit_s=0.1, max_abs_diff=0, same=True)
+    assert r.first_call_x == pytest.approx(10.0)
+
+
+def test_param_bytes_adds_up_to_the_weights(tiny_params):
+    parts = essentials.param_bytes(tiny_params)
+    assert sum(parts.values()) == tiny_params.nbytes()
+    assert set(parts) == {
+        "embedding (tied output head)",
+        "attention q, o",
+        "attention k, v",
+        "MLP (gate, up, down)",
+        "norms",
+    }
+    assert list(parts.values()) == sorted(parts.values(), reverse=True)
+
+
+@pytest.fixture
+def agg():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    yield plt
+    plt.close("all")
+
+
+def _labelled(fig):
+    ax = fig.axes[0]
+    return ax.get_title() and (ax.get_xlabel() or ax.get_ylabel())
+
+
+def test_figures_have_titles_and_labels(tiny_params, agg):
+    class Tok:
+        def decode(self, ids):
+            return f"t{ids[0]}"
+
+    step, state = essentials.block_step(tiny_params)
+    x, pos = essentials.block_inputs(tiny_params.config, seq_len=2)
+    r = essentials.eager_vs_jit(step, state, x, pos, repeats=1)
+    figs = [
+        essentials.plot_param_bytes(tiny_params),
+        essentials.plot_token_probabilities(Tok(), [3, 4, 5], [-0.01, -1.5, -0.2]),
+        essentials.plot_eager_vs_jit({"tiny block, 2 tokens": r}),
+        essentials.plot_settings("jit_speedup_2_3x", {"a": 0.9, "b": 5.0}, "speed-ups"),
+    ]
+    assert all(_labelled(f) for f in figs)
+    bars = figs[3].axes[0].patches
+    assert [b.get_facecolor() != bars[0].get_facecolor() for b in bars] == [False, True]  # only "b" meets >= 2x

@@ -255,3 +255,19 @@ def test_exercise_references_match_jaxlab():
     codes = nb09.reference_unpack_int4(np.asarray(m.q))
     np.testing.assert_array_equal(codes, np.asarray(quant.unpack_int4(m.q)))
     np.testing.assert_array_equal(nb09.reference_pack_int4(codes), np.asarray(m.q))
+
+
+def test_the_stored_bench_run_as_rows_and_a_figure():
+    from jaxlab.lab.notebook import stored
+
+    bench = stored("quant-cpu")
+    assert "2026" in bench["label"] and "CPUs" in bench["label"]
+    decode = {r["variant"]: r for r in quantlab.stored_decode_rows(bench)}
+    assert decode["float32"]["batch 1"].endswith(" ms") and decode["int8"]["batch 1"].endswith("x")
+    assert decode["int8"]["quality"] == "PASS" and {"batch 1", "batch 8", "batch 32"} <= set(decode["int4"])
+    quality = {r["variant"]: r for r in quantlab.stored_quality_rows(bench)}
+    assert quality["float32"]["KL"] == 0.0 and quality["w8a8"]["KL"] > quality["int8"]["KL"]
+    fig = quantlab.plot_stored_decode(bench, bench["label"])
+    ax = fig.axes[0]
+    assert bench["label"] in ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
+    assert len(ax.patches) == 3 * (len(decode) - 1)  # one bar per variant (float32 is the baseline) and batch

@@ -90,3 +90,17 @@ def test_scrape_parses_the_servers_metrics(monkeypatch):
     got = serving.scrape("http://127.0.0.1:1")
     assert got["jaxlab_batch_occupancy"] == 0.75
     assert got['jaxlab_requests_total{endpoint="chat",status="200"}'] == 3.0
+
+
+def test_figures_have_titles_and_axis_labels():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from jaxlab.lab import serving
+
+    fig = serving.plot_burst([200, 200, 429, 429])
+    ax = fig.axes[0]
+    assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
+    recs = [{"name": f"client {i}", "sent": 0.0, "first": 0.1 * i, "last": 0.2 + 0.1 * i} for i in range(3)]
+    ax = serving.plot_streams(recs).axes[0]
+    assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()

@@ -344,3 +344,22 @@ def test_stages_reproduce_the_golden_greedy_ids_on_the_real_model(smollm):
         stages.on_device_generate(smollm.params, ids, 12),
     ):
         assert r.tokens == gold[: len(r.tokens)], r.name
+
+
+def test_stage_figures_have_titles_and_labels():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [
+        stages.StageRun("1 naive: recompute", [1, 2], compiles=2, compile_s=1.0, run_s=0.5),
+        stages.StageRun("3e cached: eager step (no jit)", [1, 2, 3], compiles=1, compile_s=0.2, run_s=0.3),
+    ]
+    try:
+        for fig in (stages.plot_stage_speed(runs), stages.plot_compile_vs_run(runs)):
+            ax = fig.axes[0]
+            assert ax.get_title() and ax.get_xlabel()
+            assert [t.get_text() for t in ax.get_yticklabels()] == ["1 naive", "3e cached (eager)"]
+    finally:
+        plt.close("all")

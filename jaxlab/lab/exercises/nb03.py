@@ -1,34 +1,55 @@
-"""Exercises of notebook 03 (the model in Flax NNX): RMSNorm and RoPE, checked against ``jaxlab.engine.model``."""
+"""Exercises of notebook 03 (the model in Flax NNX): grouped-query attention and RoPE, checked against
+``jaxlab.engine.model``'s way of computing them."""
 
 from __future__ import annotations
 
 from typing import Callable
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlab.engine.model import Policy, RMSNorm, apply_rope, rope_cos_sin
+from jaxlab.engine.model import MASK_VALUE, apply_rope, rope_cos_sin
 from jaxlab.lab.exercises import check_function
 
 
-def reference_rmsnorm(x, weight, eps):
-    """jaxlab's own RMSNorm module with ``weight`` loaded: x [..., D], weight [D] -> [..., D]."""
-    norm = RMSNorm(weight.shape[-1], eps, Policy())
-    norm.weight[...] = jnp.asarray(weight, jnp.float32)
-    return norm(jnp.asarray(x, jnp.float32))
+def reference_gqa_attention(q, k, v, visible):
+    """Grouped-query attention as jaxlab computes it: q [B, T, H, d], k and v [B, S, KVH, d], visible bool
+    [B, T, S] -> [B, T, H, d]. Query head ``h`` reads K/V head ``h // (H // KVH)``: the queries are reshaped
+    into KVH groups and an einsum broadcasts each K/V head over its group (nothing is copied)."""
+    q, k, v = (jnp.asarray(a, jnp.float32) for a in (q, k, v))
+    b, t, h, d = q.shape
+    kvh = k.shape[2]
+    qg = q.reshape(b, t, kvh, h // kvh, d)
+    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k) * d**-0.5
+    scores = jnp.where(jnp.asarray(visible)[:, None, None], scores, MASK_VALUE)
+    out = jnp.einsum("bkgts,bskd->btkgd", jax.nn.softmax(scores, axis=-1), v)
+    return out.reshape(b, t, h, d)
 
 
-def _rmsnorm_inputs(rng: np.random.Generator):
-    b, t, d = rng.integers(1, 4), rng.integers(1, 7), int(rng.choice([8, 24, 40]))
-    x = (rng.standard_normal((b, t, d)) * rng.uniform(0.1, 10)).astype(np.float32)
-    w = rng.uniform(0.5, 2.0, d).astype(np.float32)
-    return x, w, float(rng.choice([1e-5, 1e-6, 1e-2]))
+def _gqa_inputs(rng: np.random.Generator):
+    b, t = int(rng.integers(1, 3)), int(rng.integers(2, 7))
+    kvh, group, d = int(rng.choice([2, 3])), int(rng.choice([2, 3])), int(rng.choice([4, 8, 16]))
+    q = rng.standard_normal((b, t, kvh * group, d)).astype(np.float32)
+    k = rng.standard_normal((b, t, kvh, d)).astype(np.float32)
+    v = rng.standard_normal((b, t, kvh, d)).astype(np.float32)
+    causal = np.tril(np.ones((t, t), bool))
+    keep = rng.random((b, t, t)) > 0.3  # some keys hidden too; every query always sees itself
+    visible = (causal[None] & keep) | np.eye(t, dtype=bool)[None]
+    return q, k, v, visible
 
 
-def check_rmsnorm(my_rmsnorm: Callable, trials: int = 5) -> bool:
-    """``my_rmsnorm(x [..., D], weight [D], eps) -> [..., D]`` against :class:`jaxlab.engine.model.RMSNorm`."""
+def check_gqa_attention(my_gqa_attention: Callable, trials: int = 5) -> bool:
+    """``my_gqa_attention(q [B, T, H, d], k [B, S, KVH, d], v [B, S, KVH, d], visible [B, T, S]) -> [B, T, H, d]``
+    against :func:`reference_gqa_attention` (query head h uses K/V head h // (H // KVH))."""
     return check_function(
-        my_rmsnorm, reference_rmsnorm, _rmsnorm_inputs, name="rmsnorm", trials=trials, atol=1e-5, rtol=1e-4
+        my_gqa_attention,
+        reference_gqa_attention,
+        _gqa_inputs,
+        name="gqa_attention",
+        trials=trials,
+        atol=1e-5,
+        rtol=1e-4,
     )
 
 

@@ -1,0 +1,398 @@
+"""The claims the notebooks test, each with one rule: what is measured, the threshold, and the condition.
+
+A claim quoted in two notebooks is one entry here, so it is judged by the same rule in both; where the
+measurements differ (a single matmul in 01, the model's decode step in 04), the claim's ``condition``
+reconciles them: the notebook measures each setting and :func:`jaxlab.lab.notebook.verdict` prints HOLDS
+ONLY WHEN <condition> when some settings meet the threshold and others do not.
+
+Fields of :class:`Claim`:
+
+- ``quote``: the claim, in the words of its source (shortened with "..." where needed).
+- ``source``: where it comes from (the seed texts in ``shared/seeds/``).
+- ``measure``: what the notebook measures, in words, with its unit in ``unit``.
+- ``at_least`` / ``at_most``: the claim holds where the measured value is >= / <= these.
+- ``condition``: the setting in which it holds when it holds only in some ("the step is many small operations").
+- ``steady``: True when the verdict word does not depend on the host's speed (a count, an equality, a
+  format): such a verdict may sit in a cell whose output nbval compares; every other verdict sits in an
+  ``nbval-ignore-output`` cell (``tests/house/test_teaching.py`` checks both).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ARTICLE = "seed article 'The JAX Advantage' (shared/seeds/000)"
+OPERATORS = "seed glossary 'JAX' for operators (shared/seeds/001)"
+GLOSSARY = "seed glossary entry 'JAX, jax.jit' (shared/seeds/004)"
+
+
+@dataclass(frozen=True)
+class Claim:
+    quote: str
+    source: str
+    measure: str
+    unit: str = "x"
+    at_least: float | None = None
+    at_most: float | None = None
+    condition: str = ""
+    steady: bool = False
+
+    def __post_init__(self):
+        if (self.at_least is None) == (self.at_most is None):
+            raise ValueError(f"claim {self.quote[:40]!r}: give exactly one of at_least / at_most")
+
+    def meets(self, value: float) -> bool:
+        return value >= self.at_least if self.at_least is not None else value <= self.at_most
+
+    @property
+    def needs(self) -> str:
+        bound = self.at_least if self.at_least is not None else self.at_most
+        return f"{'>=' if self.at_least is not None else '<='} {number(bound)}{unit_suffix(self.unit)}"
+
+
+def number(v: float) -> str:
+    """Three significant figures, no exponent for everyday sizes."""
+    v = float(v)
+    if v == int(v) and abs(v) < 1e6:
+        return str(int(v))
+    if abs(v) >= 100:
+        return f"{v:,.0f}"
+    return f"{v:.3g}"
+
+
+def unit_suffix(unit: str) -> str:
+    return unit if unit in ("x", "%") else (f" {unit}" if unit else "")
+
+
+CLAIMS: dict[str, Claim] = {
+    # One block per notebook that first quotes the claim; keys are short snake_case names.
+    # --- notebook 00 ---
+    "stack_python_38": Claim(
+        quote="the recommended stack includes Python 3.8+",
+        source=ARTICLE,
+        measure="oldest Python 3.x the installed jax accepts (its Requires-Python), as x",
+        unit="",
+        at_most=8,
+        steady=True,
+    ),
+    # --- notebook 01 ---
+    "jit_speedup_2_3x": Claim(
+        quote="A JIT-compiled inference pipeline can often achieve 2-3x speed improvements over eager execution",
+        source=ARTICLE,
+        measure="eager time / jit time per call, best of synchronized runs",
+        at_least=2.0,
+        condition="the call is many small operations (a one-token block or decode step), whose per-operation "
+        "dispatch jit removes; one large matmul runs the same kernel either way",
+    ),
+    "first_call_slower": Claim(
+        quote="the first call will be slower (due to compilation overhead), but every subsequent call will be "
+        "dramatically faster",
+        source=ARTICLE,
+        measure="first call (trace + compile + run) / a later call",
+        at_least=10.0,
+        condition="the function is a model step, whose compilation takes far longer than one run; "
+        "for one large matmul the run dominates and later calls are barely faster",
+    ),
+    "jit_cpp_bypasses_interpreter": Claim(
+        quote="your Python code is transformed into efficient C++ binaries that run directly on your GPU or CPU, "
+        "bypassing the interpreter entirely",
+        source=ARTICLE,
+        measure="Python function calls the interpreter runs per call of a jitted function",
+        unit="",
+        at_most=0,
+        condition="the call reuses a compiled program (same shapes and dtypes): jax's C++ dispatch runs it "
+        "without Python code; a new shape runs Python again to trace it",
+    ),
+    # --- notebook 02 ---
+    "np_array_builds_batch": Claim(
+        quote="np.array([preprocess_input(text) for text in batch_texts]) builds a batch of token ids",
+        source=ARTICLE,
+        measure="fraction of 16 two-prompt batches (the article's pair, every pair of the 6 golden prompts) "
+        "that np.array turns into one [2, T] integer array",
+        unit="",
+        at_least=1.0,
+        steady=True,
+    ),
+    "tokenization_bottleneck": Claim(
+        quote="tokenization can become a bottleneck ... especially when processing large batches of text",
+        source=ARTICLE,
+        measure="time to tokenize / time for the model to prefill the same number of tokens",
+        at_least=0.25,
+        condition="the tokenizer is slow next to the model (naive BPE on long unbroken words, or any host-side "
+        "tokenizer beside a fast accelerator)",
+    ),
+    "sanitize_stops_injection": Claim(
+        quote="stripping control characters and validating token lengths in preprocessing defends against "
+        "prompt injection",
+        source=ARTICLE,
+        measure="fraction of 8 prompt-injection strings that sanitize() and the token-length check stop (reject, or "
+        "strip the instruction they smuggle in)",
+        unit="",
+        at_least=0.9,
+        steady=True,
+    ),
+    # --- notebook 03 ---
+    "state_passed_explicitly": Claim(
+        quote="JAX programs are functional: state such as model weights and the KV cache is passed in and out "
+        "explicitly so jax.jit can trace a step into a graph",
+        source=GLOSSARY,
+        measure="Python traces of the jitted step per input shape, over calls that each pass in new state "
+        "(other weights, or the cache the previous call returned)",
+        unit="traces",
+        at_most=1,
+        steady=True,
+    ),
+    "flax_reproduces_pytorch": Claim(
+        quote="A JAX/Flax model can reproduce the PyTorch reference",
+        source="this lab's goal for notebook 03 (data/reference/smollm2_135m.json, from transformers)",
+        measure="teacher-forced top-1 agreement with transformers over the 6 x 32 golden tokens",
+        unit="",
+        at_least=0.99,
+        steady=True,
+    ),
+    # --- notebook 04 ---
+    "compile_impractical_for_chat": Claim(
+        quote="the compilation overhead makes it [JAX] impractical for interactive chat",
+        source=GLOSSARY,
+        measure="programs compiled (or loaded from the disk cache) while one chat request waits",
+        unit="programs",
+        at_least=1,
+        condition="a request needs a program the serving process has not compiled yet (no warm-up); "
+        "after warm-up, requests compile nothing",
+        steady=True,
+    ),
+    # --- notebook 05 ---
+    "donation_writes_in_place": Claim(
+        quote="Donating the cache turns a copy of the whole cache per step into an in-place write",
+        source="this lab (notebook 05), after the article's 'careful management of array lifetimes' (shared/seeds/000)",
+        measure="time of a one-token write into a 4096-slot float32 cache without donation / with donation",
+        at_least=5.0,
+    ),
+    "kv_cache_cheaper_next_token": Claim(
+        quote="A KV cache makes the next token much cheaper than recomputing the prefix, more so as the context grows",
+        source="the usual promise of a KV cache (the seeds only name 'KV-cache optimization')",
+        measure="time for the next token recomputing the prefix / one cached decode step, per context length",
+        at_least=3.0,
+        condition="the context is long enough that recomputing it costs several decode steps (hundreds of "
+        "tokens on a CPU)",
+    ),
+    # --- notebook 06 ---
+    "vmap_vectorizes": Claim(
+        quote="vmap automatically vectorizes a function that operates on a single input, transforming it into a "
+        "function that operates on a batch of inputs",
+        source=ARTICLE,
+        measure="max |vmap(one-sequence step)(4 prompts) - the step on each prompt alone| over the last logits, "
+        "relative to the largest logit",
+        unit="",
+        at_most=1e-4,
+    ),
+    "vmap_loads_weights_once": Claim(
+        quote="With vmap, the weights are loaded once [...] This reduces memory bandwidth pressure",
+        source=ARTICLE,
+        measure="bytes read per generated token (XLA's cost model): vmapped step over 4 rows / one row alone",
+        at_most=0.5,
+    ),
+    "explicit_prng_keys": Claim(
+        quote="randomness requires explicit PRNG keys",
+        source=OPERATORS,
+        measure="fraction of pairs of sampled replies (seeds 0, 0, 1, 1) that are equal exactly when their "
+        "seeds are equal",
+        unit="",
+        at_least=1.0,
+        steady=True,
+    ),
+    # --- notebook 07 ---
+    "batch1_decode_memory_bound": Claim(
+        quote="batch-1 decode is memory-bound",
+        source="the roofline model (Williams et al., 2009) as inference guides apply it",
+        measure="arithmetic intensity of one decode step (XLA's cost analysis) / this machine's measured ridge",
+        at_most=1.0,
+    ),
+    "profiling_locates_the_time": Claim(
+        quote="Profiling your specific workload with JAX's built-in profiling tools is essential to identify "
+        "where parallelism provides the most benefit",
+        source=ARTICLE,
+        measure="share of one decode step's operation time that the jax.profiler trace puts on named weight reads",
+        unit="%",
+        at_least=50.0,
+    ),
+    "compile_cache_mitigates": Claim(
+        quote="Compilation time can be mitigated by caching compiled functions—JAX provides tools for "
+        "serializing and reloading compiled executables, avoiding recompilation on subsequent runs",
+        source=ARTICLE,
+        measure="compile seconds of a fresh process, filled persistent cache / empty cache (a tenth saved or more)",
+        at_most=0.9,
+    ),
+    # --- notebook 08 ---
+    "pmap_shards_the_computation": Claim(
+        quote="JAX's pmap function extends this parallelism across multiple devices, sharding the computation",
+        source=ARTICLE,
+        measure="devices that each computed their share of the batch under pmap, equal to the one-device result",
+        unit="devices",
+        at_least=2,
+        steady=True,
+    ),
+    "pmap_helps_when_one_device_is_not_enough": Claim(
+        quote="when a single GPU isn't enough, JAX's pmap function extends this parallelism across multiple devices",
+        source=ARTICLE,
+        measure="decode throughput of data parallelism on every device over one device, same batch",
+        at_least=1.5,
+    ),
+    "pmap_overhead_bottleneck": Claim(
+        quote="the communication overhead of pmap can become a bottleneck if not managed properly",
+        source=ARTICLE,
+        measure="time of a pmap call that copies its 113 MB argument to every device, over the same call on a copy "
+        "placed once",
+        at_least=2,
+    ),
+    "softmax_needs_synchronization": Claim(
+        quote="softmax operations involve global reductions that require synchronization",
+        source=ARTICLE,
+        measure="collectives the compiled program needs for attention's softmax, per layer",
+        unit="collectives",
+        at_least=1,
+        condition="one softmax row is split across devices (the cache's sequence axis sharded); with whole heads on "
+        "each device (tensor parallelism) the softmax needs none",
+        steady=True,
+    ),
+    # --- notebook 09 ---
+    "quantization_reduces_memory": Claim(
+        quote="reduced operational costs",
+        source=ARTICLE + ", of JAX inference with the model quantization it names",
+        measure="bytes in float32 over bytes in the quantized format, scales included",
+        at_least=3.5,
+        steady=True,
+    ),
+    "quantization_lowers_latency": Claim(
+        quote="lower latency, higher throughput",
+        source=ARTICLE + ", of JAX inference with the model quantization it names",
+        measure="speed against float32 measured here (> 1 is faster)",
+        at_least=1.1,
+        condition="the format meets a fast integer matmul (int8 x int8 -> int32 over two rows or more on XLA:CPU); "
+        "int8 written the obvious way and int4 have none",
+    ),
+    "quantization_ecosystem_less_mature": Claim(
+        quote="the ecosystem for local deployment (quantization, KV-cache management) is less mature",
+        source=OPERATORS,
+        measure="speed against float32 of a quantized product written the straightforward way (a mature stack "
+        "would make it no slower than float32)",
+        at_most=1.0,
+        condition="the format has no fast path for its straightforward code on this backend",
+    ),
+    # --- notebook 10 ---
+    "speculative_identical_output": Claim(
+        quote="speculative decoding ... with identical output",
+        source="the usual claim for speculative decoding, which the seed article (shared/seeds/000) only names",
+        measure="prompts whose speculative tokens differ from plain greedy decoding's",
+        unit="prompts",
+        at_most=0,
+        steady=True,
+    ),
+    "speculative_free_speedup": Claim(
+        quote="speculative decoding is a free speed-up",
+        source="the usual claim for speculative decoding, which the seed article (shared/seeds/000) only names",
+        measure="decode speed against plain greedy decoding, batch 1, n-gram drafts, measured here",
+        at_least=1.3,
+        condition="the answer copies from the prompt, so most drafts are kept; open-ended writing gets about one "
+        "token per model call and gains nothing",
+    ),
+    # --- notebook 11 ---
+    "continuous_batching_throughput": Claim(
+        quote="continuous batching gives several times the throughput of static batching",
+        source="the usual claim for vLLM and its descendants (Kwon et al., arXiv:2309.06180)",
+        measure="output tokens/s, continuous engine / static batches, same trace and KV memory",
+        at_least=2.0,
+        condition="the trace is long and its outputs long-tailed, so static batches wait on their longest row",
+    ),
+    "continuous_batching_ttft_p99": Claim(
+        quote="continuous batching gives a lower p99 time to first token",
+        source="the usual claim for vLLM and its descendants (Kwon et al., arXiv:2309.06180)",
+        measure="p99 time to first token, static / continuous, same trace",
+        at_least=1.0,
+        condition="requests arrive while a static batch is still running",
+    ),
+    "prefix_reuse_ttft": Claim(
+        quote="prefix reuse lowers the median time to first token at least 3x",
+        source="the usual claim for prefix caching (vLLM automatic prefix caching, SGLang's RadixAttention)",
+        measure="median time to first token, reuse off / on, requests sharing a system prompt",
+        at_least=3.0,
+        condition="the shared prompt is most of each request's work and requests do not wait for slots",
+    ),
+    # --- notebook 12 ---
+    "malformed_inputs_handled": Claim(
+        quote="malformed inputs are a failure mode a server must handle defensively",
+        source=ARTICLE,
+        measure="bad requests answered with their 4xx before reaching the model, the server serving on",
+        unit="%",
+        at_least=100.0,
+        steady=True,
+    ),
+    "jax_traceback_error": Claim(
+        quote="`except jax.errors.TracebackError` catches JAX's errors",
+        source=ARTICLE,
+        measure="real JAX errors that such an except clause catches",
+        unit="%",
+        at_least=100.0,
+        steady=True,
+    ),
+    "rate_limit_protects": Claim(
+        quote="rate limiting protects the service (here in the server, not a separate gateway)",
+        source=ARTICLE,
+        measure="time a refused (429) request takes, as a share of one streamed answer's time",
+        unit="%",
+        at_most=1.0,
+    ),
+    # --- notebook 14 ---
+    "jax_bert_faster_than_pytorch": Claim(
+        quote="compiled JAX BERT runs 2-3x faster than PyTorch",
+        source=OPERATORS,
+        measure="tokens/s, jitted jaxlab encoder / PyTorch eager BertModel, by batch x length",
+        at_least=2.0,
+        condition="the batch and length are ones where XLA's kernels outrun PyTorch's on the host at hand",
+    ),
+    "dense_vs_bm25_recall": Claim(
+        quote="dense retrieval finds the gold passage at least as often as BM25 (recall@5)",
+        source="the lab's question on dense against lexical retrieval (Sentence-BERT, arXiv:1908.10084)",
+        measure="recall@5, dense / BM25, paraphrased questions",
+        at_least=1.0,
+        condition="the questions paraphrase the docs more than they quote them",
+    ),
+    "rag_more_correct": Claim(
+        quote="retrieval makes a small model's answers about an API correct more often",
+        source=ARTICLE,
+        measure="questions whose answer names the gold fact, with 3 retrieved passages minus without",
+        unit="questions",
+        at_least=1.0,
+    ),
+    # --- notebook 15 ---
+    "finetune_loss_grad_jit": Claim(
+        quote="a loss function, grad and a jitted update step fine-tune the model",
+        source=OPERATORS,
+        measure="JSON match on unseen test items after LoRA fine-tuning (the base model: at most 20 %)",
+        unit="%",
+        at_least=60.0,
+        condition="the adapter was trained for enough steps",
+    ),
+    "remat_trades_memory": Claim(
+        quote="lax primitives (jax.checkpoint) control what is materialised, trading memory for time",
+        source=OPERATORS,
+        measure="temporary memory of the train step, remat on / off",
+        at_most=0.99,
+        condition="the activations kept for the backward pass are a large part of the step's memory",
+    ),
+    "export_savedmodel_onnx": Claim(
+        quote="for vLLM or llama.cpp, a JAX model must be exported to SavedModel or ONNX",
+        source=OPERATORS,
+        measure="exports in neither SavedModel nor ONNX that llama.cpp ran with jaxlab's greedy tokens",
+        unit="files",
+        at_most=0,
+        steady=True,
+    ),
+}
+
+
+def claim(key: str) -> Claim:
+    try:
+        return CLAIMS[key]
+    except KeyError:
+        raise KeyError(f"no claim {key!r} in jaxlab/lab/claims.py: add it there (quote, source, measure, threshold)")

@@ -1,0 +1,80 @@
+"""verdict() grades a measured value against its claim's rule and refuses what was not measured; show_source."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jaxlab.lab import claims
+from jaxlab.lab.claims import Claim
+from jaxlab.lab.notebook import show_source, unmeasured, verdict
+
+
+@pytest.fixture
+def speedup(monkeypatch):
+    monkeypatch.setitem(
+        claims.CLAIMS,
+        "t_speedup",
+        Claim(
+            "jit is 2-3x faster",
+            "a test",
+            "speed-up of jit over eager",
+            at_least=2.0,
+            condition="the step is small ops",
+        ),
+    )
+    monkeypatch.setitem(claims.CLAIMS, "t_compiles", Claim("it recompiles", "a test", "compiles", unit="", at_most=0))
+    return "t_speedup"
+
+
+def test_grades(speedup, capsys):
+    assert verdict(speedup, 2.5).word == "HOLDS"
+    assert verdict(speedup, np.float32(1.2)).word == "DOES NOT HOLD"
+    v = verdict(speedup, {"one matmul": 1.1, "decode step": 25.0}, because="dispatch")
+    assert v.word == "HOLDS ONLY WHEN" and "HOLDS ONLY WHEN the step is small ops" in v.text
+    assert verdict(speedup, {"a": 3, "b": 4}).word == "HOLDS"
+    assert verdict(speedup, {"a": 1, "b": 1.5}).word == "DOES NOT HOLD"
+    assert verdict("t_compiles", 0).word == "HOLDS" and verdict("t_compiles", 3).word == "DOES NOT HOLD"
+    out = capsys.readouterr().out
+    assert 'Claim: "jit is 2-3x faster" (a test)' in out and "needs >= 2x" in out and "1.1x  -" in out
+    assert "because dispatch" in out and "25x  meets" in out
+
+
+def test_refuses_what_was_not_measured(speedup):
+    with pytest.raises(TypeError, match="got a bool"):
+        verdict(speedup, True)
+    with pytest.raises(TypeError, match="got a bool"):
+        verdict(speedup, {"a": np.bool_(True)})
+    with pytest.raises(TypeError, match="must be a number"):
+        verdict(speedup, "fast")
+    with pytest.raises(ValueError, match="NaN"):
+        verdict(speedup, float("nan"))
+    with pytest.raises(KeyError, match="claims.py"):
+        verdict("no_such_claim", 1.0)
+    with pytest.raises(ValueError, match="exactly one"):
+        Claim("q", "s", "m")
+
+
+def test_a_claim_holding_in_some_settings_needs_its_condition(monkeypatch):
+    monkeypatch.setitem(claims.CLAIMS, "t_bare", Claim("q", "s", "m", at_least=1))
+    with pytest.raises(ValueError, match="condition"):
+        verdict("t_bare", {"a": 0, "b": 2})
+
+
+def test_unmeasured(speedup, capsys):
+    assert unmeasured(speedup, "one device").word == "NOT MEASURABLE HERE"
+    assert "because one device" in capsys.readouterr().out
+
+
+def test_show_source_names_the_file_and_cuts_long_sources(capsys):
+    from jaxlab.lab.anatomy import tree_summary
+
+    lines = show_source(tree_summary, max_lines=3).splitlines()
+    assert lines[0].startswith("# jaxlab/lab/anatomy.py, line ") and lines[1].startswith("def tree_summary")
+    assert "more lines" in lines[-1] and len(lines) == 5
+
+
+def test_show_source_of_a_jitted_function_shows_the_python_it_wraps(capsys):
+    from jaxlab.train.step import train_step
+
+    assert "def train_step" in show_source(train_step, max_lines=2)
