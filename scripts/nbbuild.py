@@ -4,6 +4,7 @@ committed source in the py:percent format (jupytext), plus jaxlab's header.
     python scripts/nbbuild.py notebooks/src/03_flax_model.py   # build notebooks/03_flax_model.ipynb from it
     python scripts/run_notebooks.py notebooks/03_flax_model.ipynb  # then execute it (outputs are stored)
     python scripts/nbbuild.py --sources    # write every source from its notebook (after editing an .ipynb)
+    python scripts/nbbuild.py --sources notebooks/05_kv_cache.ipynb  # only these notebooks' sources
     python scripts/nbbuild.py --headers    # rewrite every notebook's badge and set-up cell, in place
 
 A source holds the notebook's cells as text: ``# %% [markdown]`` cells with ``# ``-prefixed prose,
@@ -119,15 +120,26 @@ def main(argv: list[str]) -> int:
     if argv == ["--headers"]:
         for p in notebooks():
             print(f"{p.name}: {'updated' if refresh_header(p) else 'up to date'}")
-    elif argv == ["--sources"]:
+    elif argv[:1] == ["--sources"]:
+        # A source edited after its notebook was built holds work the notebook does not: never written over
+        # (build it first, or pass --force to take the notebook's cells).
+        force = "--force" in argv
+        chosen = [Path(a).resolve() for a in argv[1:] if a != "--force"]
         SOURCES.mkdir(exist_ok=True)
-        for p in notebooks():
+        kept = []
+        for p in chosen or notebooks():
             text = source_text(nbformat.read(p, as_version=4))
             target = source_path(p)
             changed = not target.exists() or target.read_text() != text
+            if changed and not force and target.exists() and target.stat().st_mtime > p.stat().st_mtime:
+                kept.append(target)
+                print(f"{target.relative_to(ROOT)}: KEPT: edited after {p.name} was built (build it, or --force)")
+                continue
             if changed:
                 target.write_text(text)
             print(f"{target.relative_to(ROOT)}: {'written' if changed else 'up to date'}")
+        if kept:
+            return 1
     elif len(argv) == 1 and argv[0].endswith(".py"):
         print(f"built {build(Path(argv[0])).relative_to(ROOT)}; execute it with scripts/run_notebooks.py")
     else:
