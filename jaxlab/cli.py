@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     from jaxlab.train import command
 
     command.add_arguments(t)
+    from jaxlab.lab import checking
+
+    checking.add_arguments(sub.add_parser("check", help="run a saved notebook's exercises through their checks"))
 
     c = sub.add_parser("chat", help="interactive chat with history and streamed output")
     c.add_argument("--system", default=None, help="system message")
@@ -617,6 +620,12 @@ def cmd_finetune(args, out=None):
     return command.run(args, out or sys.stdout)
 
 
+def cmd_check(args, out=None):
+    from jaxlab.lab import checking
+
+    return checking.run(args, out or sys.stdout)
+
+
 def _served_name(model) -> str:
     """The model's id in the API: the embedded model's short name, else the file's or folder's name."""
     from pathlib import Path
@@ -761,6 +770,7 @@ COMMANDS = {
     "fetch": cmd_fetch,
     "export": cmd_export,
     "finetune": cmd_finetune,
+    "check": cmd_check,
     "bench": cmd_bench,
 }
 

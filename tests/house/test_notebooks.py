@@ -123,7 +123,18 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def hide_solutions_option() -> list[str]:
+    """The option `make lab` gives JupyterLab so that the solutions are not in a student's file tree."""
+    import re
+    import shlex
+
+    m = re.search(r"^HIDE := \$\(if \$\(SOLUTIONS\),,(.*)\)$", (ROOT / "Makefile").read_text(), re.M)
+    assert m, "the Makefile's HIDE line (the lab's option that hides notebooks/solutions) is missing"
+    return shlex.split(m.group(1))
+
+
 def test_jupyterlab_serves_every_notebook(tmp_path):
+    """`make lab`'s JupyterLab, with its options: every notebook in the tree, the solutions not."""
     port, token = _free_port(), "jaxlab-test-token"
     env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"), JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"))
     proc = subprocess.Popen(
@@ -137,6 +148,7 @@ def test_jupyterlab_serves_every_notebook(tmp_path):
             f"--IdentityProvider.token={token}",
             f"--ServerApp.root_dir={NOTEBOOKS}",
             "--ServerApp.open_browser=False",
+            *hide_solutions_option(),
         ]
         + (["--allow-root"] if os.geteuid() == 0 else []),  # CI runs as root; Jupyter refuses root without it
         stdout=subprocess.DEVNULL,
@@ -158,6 +170,7 @@ def test_jupyterlab_serves_every_notebook(tmp_path):
         served = {item["name"] for item in listing["content"]}
         for p in notebooks():
             assert p.name in served
+        assert (NOTEBOOKS / "solutions").is_dir() and "solutions" not in served, "solutions in the student's tree"
         lab = urllib.request.urlopen(f"http://127.0.0.1:{port}/lab?token={token}", timeout=10)
         assert lab.status == 200
     finally:

@@ -75,3 +75,15 @@ def test_make_lab_installs_the_lab_without_the_reference(tmp_path):
         text=True,
     ).stdout
     assert '"jax[tpu]"' in accel
+
+
+def test_student_copy_has_the_lab_without_the_solutions(tmp_path):
+    import subprocess
+
+    dest = tmp_path / "student"
+    proc = subprocess.run(["make", "-C", ROOT, "student-copy", f"DEST={dest}"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert (dest / "notebooks" / "00_setup.ipynb").is_file() and (dest / "Makefile").is_file()
+    assert (ROOT / "notebooks" / "solutions").is_dir() and not (dest / "notebooks" / "solutions").exists()
+    again = subprocess.run(["make", "-C", ROOT, "student-copy", f"DEST={dest}"], capture_output=True, text=True)
+    assert again.returncode != 0 and "exists" in again.stdout  # never written over

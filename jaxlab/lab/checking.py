@@ -1,0 +1,178 @@
+"""`jaxlab check NN [NOTEBOOK]`: run a student's saved notebook's exercises through their checks.
+
+In a workshop each student saves their copy of notebook NN; ``jaxlab check 04`` (or ``jaxlab check 04
+path/to/04_jit_and_generation.ipynb``) reads the saved file, runs the code cells of its Exercises section, in
+order, in a fresh namespace (the exercise modules ``nbNN``, and the model as ``m`` when a cell uses it), and
+reports each ``nbNN.check_*`` call: PASS or FAIL with the checker's reason. It exits 0 only when every check
+passes, so an untouched copy (every exercise still ``raise NotImplementedError``) fails.
+
+Only the Exercises section runs: the measurements above it are not repeated, and a cell there that raises is
+reported as one line and the next cell runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import functools
+import importlib
+import io
+import json
+import pkgutil
+from pathlib import Path
+
+from jaxlab.errors import JaxlabError
+
+SECTION = "## Exercises"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("number", metavar="NN", help="the notebook's number, e.g. 04")
+    parser.add_argument(
+        "notebook",
+        nargs="?",
+        default=None,
+        type=Path,
+        help="the saved notebook (default: NN_*.ipynb in this folder, else in notebooks/)",
+    )
+
+
+def find_notebook(number: str, given: Path | None = None, where: Path | None = None) -> Path:
+    if not (number.isdigit() and len(number) <= 2):
+        raise JaxlabError(f"{number!r} is not a notebook number: give two digits, e.g. `jaxlab check 04`")
+    nn = number.zfill(2)
+    if given is not None:
+        if not given.is_file():
+            raise JaxlabError(f"{given}: no such file; give the path of your saved notebook")
+        return given
+    where = where or Path.cwd()
+    for folder in (where, where / "notebooks"):
+        found = sorted(folder.glob(f"{nn}_*.ipynb"))
+        if found:
+            return found[0]
+    raise JaxlabError(f"no {nn}_*.ipynb here or in notebooks/: give the notebook's path, `jaxlab check {nn} FILE`")
+
+
+def exercise_cells(path: Path) -> list[str]:
+    """The sources of the code cells after the notebook's Exercises heading."""
+    try:
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+        raise JaxlabError(
+            f"{path}: not a readable notebook ({type(e).__name__}); save it from Jupyter and retry"
+        ) from None
+
+    def text(c):
+        s = c.get("source", "")
+        return s if isinstance(s, str) else "".join(s)
+
+    start = next((i for i, c in enumerate(cells) if c.get("cell_type") == "markdown" and SECTION in text(c)), None)
+    if start is None:
+        raise JaxlabError(f"{path}: no '{SECTION}' section: is this one of the lab's notebooks?")
+    return [text(c) for c in cells[start:] if c.get("cell_type") == "code" and text(c).strip()]
+
+
+def exercise_modules():
+    from jaxlab.lab import exercises
+
+    return {
+        m.name: importlib.import_module(f"jaxlab.lab.exercises.{m.name}")
+        for m in pkgutil.iter_modules(exercises.__path__)
+        if m.name.startswith("nb")
+    }
+
+
+@contextlib.contextmanager
+def recording(modules, results: list):
+    """Every ``check_*`` of the exercise modules records (name, passed, what it printed) while inside."""
+    saved = []
+    depth = [0]  # a check that calls another check is one result
+    for mod in modules.values():
+        for name in dir(mod):
+            fn = getattr(mod, name)
+            if name.startswith("check_") and callable(fn) and getattr(fn, "__module__", None) == mod.__name__:
+
+                @functools.wraps(fn)
+                def wrapper(*a, _fn=fn, _name=f"{mod.__name__.rsplit('.', 1)[1]}.{name}", **kw):
+                    if depth[0]:
+                        return _fn(*a, **kw)
+                    buf = io.StringIO()
+                    depth[0] += 1
+                    try:
+                        with contextlib.redirect_stdout(buf):
+                            ok = _fn(*a, **kw)
+                    finally:
+                        depth[0] -= 1
+                    results.append((_name, bool(ok), buf.getvalue().strip()))
+                    return ok
+
+                saved.append((mod, name, fn))
+                setattr(mod, name, wrapper)
+    try:
+        yield
+    finally:
+        for mod, name, fn in saved:
+            setattr(mod, name, fn)
+
+
+def namespace(number: str, sources: list[str], modules) -> dict:
+    ns = {"__name__": "__main__", **modules, "ex": modules.get(f"nb{number}")}
+    used = {
+        n.id
+        for s in sources
+        for n in ast.walk(_parse(s) or ast.Module(body=[], type_ignores=[]))
+        if isinstance(n, ast.Name)
+    }
+    if "m" in used:
+        from jaxlab.engine.loading import load
+
+        ns["m"] = load()
+    return ns
+
+
+def _parse(src: str):
+    try:
+        return ast.parse(src)
+    except SyntaxError:
+        return None
+
+
+def check_notebook(number: str, path: Path, out) -> int:
+    nn = number.zfill(2)
+    sources = exercise_cells(path)
+    modules = exercise_modules()
+    if f"nb{nn}" not in modules:
+        raise JaxlabError(f"notebook {nn} has no exercise checks in this jaxlab")
+    results: list = []
+    problems = []
+    ns = namespace(nn, sources, modules)
+    out.write(f"checking the exercises of {path}\n")
+    with recording(modules, results):
+        for i, src in enumerate(sources, 1):
+            if _parse(src) is None:
+                problems.append(f"exercise cell {i}: a syntax error; fix it and save")
+                continue
+            buf = io.StringIO()
+            try:
+                with contextlib.redirect_stdout(buf):
+                    exec(compile(src, f"<{path.name}: exercise cell {i}>", "exec"), ns)
+            except Exception as e:  # the student's code: one line, then the next cell
+                first = (str(e).strip().splitlines() or [""])[0]
+                problems.append(f"exercise cell {i}: raised {type(e).__name__}: {first}")
+    for name, ok, said in results:
+        detail = said.splitlines()[-1] if said else ""
+        out.write(f"{'PASS' if ok else 'FAIL'}  {name}" + (f"  -  {detail}" if detail and not ok else "") + "\n")
+    for p in problems:
+        out.write(f"FAIL  {p}\n")
+    passed = sum(ok for _, ok, _ in results)
+    total = len(results) + len(problems)
+    if not results:
+        out.write("no exercise check ran: are the check cells still in the notebook?\n")
+        return 1
+    out.write(f"{passed} of {total} pass\n")
+    return 0 if passed == total else 1
+
+
+def run(args, out) -> int:
+    return check_notebook(args.number, find_notebook(args.number, args.notebook), out)
