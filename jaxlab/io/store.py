@@ -21,14 +21,21 @@ from jaxlab.errors import ModelFileError
 FORMAT_VERSION = 1  # bump when the mapping from model files to parameters changes
 
 
-def source_key(path: Path, extra: str = "") -> str:
-    st = Path(path).stat()
-    ident = f"{Path(path).resolve()}|{st.st_size}|{st.st_mtime_ns}|v{FORMAT_VERSION}|{extra}"
+def source_key(path: Path, extra: str = "", cache: Path | None = None) -> str:
+    """The source file's identity: where it is, its size and time, the converter's version. A source inside the
+    cache folder (the embedded model's copy) is named relative to it, so a cache folder copied whole (a
+    classroom's wheelhouse, with times kept) still finds its converted files."""
+    p = Path(path).resolve()
+    st = p.stat()
+    where = str(p)
+    if cache is not None and p.is_relative_to(Path(cache).resolve()):
+        where = "cache:" + p.relative_to(Path(cache).resolve()).as_posix()
+    ident = f"{where}|{st.st_size}|{st.st_mtime_ns}|v{FORMAT_VERSION}|{extra}"
     return hashlib.sha256(ident.encode()).hexdigest()[:16]
 
 
 def params_file(cache: Path, source: Path, extra: str = "") -> Path:
-    return cache / "params" / f"{Path(source).stem}-{source_key(source, extra)}.safetensors"
+    return cache / "params" / f"{Path(source).stem}-{source_key(source, extra, cache)}.safetensors"
 
 
 def save(path: Path, cfg: LlamaConfig, flat: dict[str, np.ndarray]) -> None:

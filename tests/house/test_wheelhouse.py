@@ -41,9 +41,11 @@ def snapshot(dst: Path) -> Path:
 
 
 def offline(cmd: list) -> tuple[list, str]:
-    """``cmd`` run with no network: in a namespace of its own where permitted, else through a dead proxy."""
-    if subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0:
-        return ["unshare", "-n", *cmd], "a network namespace with loopback only (unshare -n)"
+    """``cmd`` run with no network: in a namespace of its own with loopback only (a notebook's kernel talks to
+    Jupyter over loopback) where permitted, else through a dead proxy with no index."""
+    lo_up = ["sh", "-c", 'ip link set lo up && exec "$@"', "sh"]
+    if shutil.which("ip") and subprocess.run(["unshare", "-n", *lo_up, "true"], capture_output=True).returncode == 0:
+        return ["unshare", "-n", *lo_up, *cmd], "a network namespace with loopback only (unshare -n)"
     return cmd, f"no index and an unreachable proxy ({UNREACHABLE})"
 
 
@@ -92,8 +94,9 @@ def test_wheelhouse_installs_the_lab_and_runs_notebook_00_with_no_network(tmp_pa
     _run(cmd, env=env)
     installed = time.perf_counter() - t1
     py = seat / ".venv" / "bin" / "python"
-    assert (cache / "params").is_dir() and any((cache / "params").iterdir()), (
-        "the wheelhouse's model cache was not copied"
+    converted = sorted(p.name for p in (house / "cache" / "params").iterdir())
+    assert converted and sorted(p.name for p in (cache / "params").iterdir()) == converted, (
+        "the seat converted the model again instead of using the wheelhouse's cache"
     )
     site = json.loads(
         _run(
