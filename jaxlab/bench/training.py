@@ -3,9 +3,9 @@
 Four variants of the same jitted step (:mod:`jaxlab.train.step`) on the same batches (batch 8 of the shipped
 JSON-extraction examples, right-padded to a bucket): LoRA (rank 8 on every projection) and a full fine-tune (every
 weight trained, AdamW state for all of them), each with and without rematerialisation (``jax.checkpoint`` per
-layer). For each: real tokens per second, seconds per step (median of the timed steps, after a compile step), the
-compiled step's temporary memory (XLA's ``memory_analysis``: what the backward pass keeps alive, the quantity remat
-trades), and the model FLOP utilisation (MFU): model FLOPs per second over the float32 matmul ceiling measured in
+layer). For each: real tokens per second (all timed steps' tokens over their summed time), seconds per step (median
+of the timed steps, after a compile step), the compiled step's temporary memory (XLA's ``memory_analysis``: what
+the backward pass keeps alive, the quantity remat trades), and the model FLOP utilisation (MFU): model FLOPs per second over the float32 matmul ceiling measured in
 the same run (:func:`jaxlab.tools.profile.measure_matmul_flops`).
 
 Model FLOPs count what the step must do, not what remat recomputes: per real token, the forward pass is
@@ -25,6 +25,18 @@ import time
 import jax
 
 VARIANTS = (("LoRA", False), ("LoRA", True), ("full", False), ("full", True))
+
+
+def step_rates(times: list, tokens: list, flops: list, ceiling: float) -> dict:
+    """Seconds per step (the median) and the rates over all timed steps together: each step's rows have other
+    lengths, so its tokens and FLOPs differ, and a rate is total work over total time."""
+    total = sum(times)
+    return {
+        "seconds_per_step": statistics.median(times),
+        "tokens_per_s": sum(tokens) / total,
+        "model_flops_per_s": sum(flops) / total,
+        "mfu_vs_measured_ceiling": sum(flops) / total / ceiling,
+    }
 
 
 def training_flops(cfg, tokens_per_row, scored: int, kind: str) -> float:
@@ -93,22 +105,17 @@ def measure_training(quick: bool, steps: int, log) -> dict:
             real = (b.positions >= 0).sum(1)
             flops.append(training_flops(m.config, real, int(b.weights.sum()), kind.lower()))
             tokens.append(int(real.sum()))
-        sec = statistics.median(times)
-        i = times.index(sec) if sec in times else 0
         row = {
             "variant": kind + (" + remat" if remat else ""),
             "trained_params": int(n_trained),
-            "seconds_per_step": sec,
-            "tokens_per_s": tokens[i] / sec,
-            "model_flops_per_s": flops[i] / sec,
-            "mfu_vs_measured_ceiling": flops[i] / sec / ceiling,
+            **step_rates(times, tokens, flops, ceiling),
             "temp_bytes": temp,
             "first_step_s": first_s,
             "timed_steps": len(times),
             "batch_shape": list(first["tokens"].shape),
         }
         log(
-            f"{row['variant']}: {sec:.2f} s/step, {row['tokens_per_s']:.0f} tok/s, MFU {row['mfu_vs_measured_ceiling']:.0%}"
+            f"{row['variant']}: {row['seconds_per_step']:.2f} s/step, {row['tokens_per_s']:.0f} tok/s, MFU {row['mfu_vs_measured_ceiling']:.0%}"
         )
         rows.append(row)
         del trainable, opt_state

@@ -208,7 +208,7 @@ print(f"weights in memory: {m.params.nbytes() / 1e6:.0f} MB as {m.params.policy.
 # of about 5. Notebook 09 keeps them quantized instead. Where are those bytes? The input embedding
 # (49152 tokens × 576) is also the output layer ("tied" weights), so it is stored once:
 
-# %%
+# %% tags=["nbval-ignore-output"]
 import matplotlib.pyplot as plt
 
 from jaxlab.lab import essentials
@@ -240,7 +240,7 @@ print("finished because:", answer.finish_reason)
 # `logprobs=True` also returned the log-probability of each chosen token. Greedy decoding picks the most
 # likely token, but "most likely" can mean 99 % or 30 %:
 
-# %%
+# %% tags=["nbval-ignore-output"]
 fig = essentials.plot_token_probabilities(m.tokenizer, answer.generated_ids, answer.logprobs)
 plt.show()
 

@@ -21,3 +21,12 @@ def test_report_has_a_row_per_variant_and_the_remat_trade():
            "remat_trade": {"full": {"memory_ratio": 0.5, "time_ratio": 1.3}}}  # fmt: skip
     text = render_training(res)
     assert "10.0 GFLOP/s" in text and text.count("2000") == 2 and "0.50x the temporary memory for 1.30x" in text
+
+
+def test_rates_are_total_work_over_total_time():
+    from jaxlab.bench.training import step_rates
+
+    r = step_rates([1.0, 3.0, 2.0], [100, 500, 300], [1e9, 5e9, 3e9], ceiling=1e10)
+    assert r["seconds_per_step"] == 2.0  # the median step
+    assert r["tokens_per_s"] == 900 / 6 and r["model_flops_per_s"] == 9e9 / 6  # not the median step's 300 / 2
+    assert r["mfu_vs_measured_ceiling"] == 9e9 / 6 / 1e10
