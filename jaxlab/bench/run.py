@@ -5,6 +5,7 @@ the ceilings, measure every section the options ask for, then the targets (:func
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import platform
 import sys
@@ -37,6 +38,7 @@ def run_bench(opts: Options, log=None) -> dict:
 
     from jaxlab import __version__
     from jaxlab.engine.loading import load
+    from jaxlab.engine.model import with_attention
     from jaxlab.engine.plan import CACHE_BUCKETS, bucket
     from jaxlab.errors import InvalidRequestError
     from jaxlab.tools import hardware, profile
@@ -49,6 +51,8 @@ def run_bench(opts: Options, log=None) -> dict:
 
     log(f"loading the model ({opts.model or 'embedded SmolLM2-135M'}, float32)")
     m = load(opts.model, dtype="float32")  # the float32 rows on every backend; bfloat16 is its own stage
+    if opts.attention != "xla":  # every float32 row (and the stages) with the Pallas kernels
+        m = dataclasses.replace(m, params=with_attention(m.params, opts.attention))
     cfg = m.params.config
     if P + N > cfg.max_seq_len:
         raise InvalidRequestError(
@@ -206,6 +210,10 @@ def run_from_args(args: argparse.Namespace, out=None) -> int:
         from jaxlab.bench.encoder import run_encoder
 
         return run_encoder(args, out)
+    if getattr(args, "kernels", False):
+        from jaxlab.bench.kernels import run_kernels
+
+        return run_kernels(args, out)
     if getattr(args, "serve", False):
         from jaxlab.bench.serving import run_serve
 

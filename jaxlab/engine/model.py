@@ -36,6 +36,7 @@ import numpy as np
 from flax import nnx
 
 from jaxlab.engine.config import DTYPES, LlamaConfig
+from jaxlab.engine.kernels import flash_attention, paged_attention
 from jaxlab.engine.kvcache import KVCache, int8_bmm, quantize_kv
 from jaxlab.engine.paged import PagedKVCache, PagedLayer, read_pages, write_pages
 from jaxlab.errors import ConfigError
@@ -55,21 +56,26 @@ PRECISIONS = {
     "high": jax.lax.Precision.HIGH,
     "highest": jax.lax.Precision.HIGHEST,
 }
+#: How attention is computed: "xla" (jnp operations XLA compiles) or "pallas" (the kernels of
+#: :mod:`jaxlab.engine.kernels`: flash attention over the contiguous cache, ragged paged attention over pages)
+ATTENTIONS = ("xla", "pallas")
 
 
 @dataclass(frozen=True)
 class Policy:
-    """How the model stores and computes: parameter/activation dtype and matmul precision.
+    """How the model stores and computes: parameter/activation dtype, matmul precision, attention kernel.
 
     ``dtype`` is what the weights are stored in and what every matmul takes as inputs; the matmuls sum
     and return float32 (``preferred_element_type``), and the residual stream, norms, RoPE, softmax and
     logits are float32 under every policy. ``precision`` is passed to every matmul explicitly,
     so results do not depend on a global flag: on TPU, "default" float32 matmuls run in bfloat16
     passes and on recent GPUs in TF32, either of which breaks float32 parity with the reference.
+    ``attention`` is one of :data:`ATTENTIONS` (:func:`with_attention` switches a loaded model).
     """
 
     dtype: str = "float32"
     precision: str = "highest"
+    attention: str = "xla"
 
     def __post_init__(self):
         if self.dtype == "float64" and not jax.config.jax_enable_x64:
@@ -78,6 +84,8 @@ class Policy:
             raise ConfigError(f"unknown dtype {self.dtype!r}; choose one of {sorted(DTYPES)}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"unknown matmul precision {self.precision!r}; choose one of {sorted(PRECISIONS)}")
+        if self.attention not in ATTENTIONS:
+            raise ConfigError(f"unknown attention {self.attention!r}; choose one of {', '.join(ATTENTIONS)}")
 
     @property
     def jnp_dtype(self):
@@ -248,7 +256,10 @@ class Attention(nnx.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if isinstance(cache_kv, PagedLayer):  # the paged cache: each row its own positions, read through its pages
             layer = write_pages(cache_kv, k, v, positions)
-            out = read_pages(q, layer, positions, lambda spec, a, b: matmul(spec, a, b, pol))
+            if pol.attention == "pallas":
+                out = pallas_paged(q, layer, positions, pol)
+            else:
+                out = read_pages(q, layer, positions, lambda spec, a, b: matmul(spec, a, b, pol))
             return dense(out.astype(x.dtype), self.wo.get_value(), pol), layer
         # Cache layouts: K [B*KVH, S, Hd] and V [B*KVH, Hd, S]. Both attention matmuls then contract
         # over a minor axis and have one batch axis with no size-1 dimension; with [B, S, KVH, Hd]
@@ -276,22 +287,65 @@ class Attention(nnx.Module):
         g_t = cfg.q_per_kv * t
         q = q.transpose(0, 2, 3, 1, 4).reshape(bk, g_t, cfg.head_dim)  # [B*KVH, G*T, Hd]
         # each of the G query heads of a group reads the same K/V head
-        if k_scale is not None:
+        if pol.attention == "pallas":
+            out = pallas_contiguous(q, k, v, positions, key_positions, cfg, pol, int8=k_scale is not None)
+        elif k_scale is not None:
             scores = int8_bmm(q, k, 2) * k_scale[:, None, :]
         else:
             scores = matmul("nqd,nsd->nqs", q, k, pol)
-        s_len = scores.shape[-1]
-        scores = scores.astype(pol.acc_dtype).reshape(b, cfg.n_kv_heads, cfg.q_per_kv, t, s_len) * (cfg.head_dim**-0.5)
-        visible = (key_positions[:, None, :] >= 0) & (key_positions[:, None, :] <= positions[:, :, None])
-        scores = jnp.where(visible[:, None, None], scores, MASK_VALUE)  # visible [B, T, S]
-        probs = jax.nn.softmax(scores, axis=-1).reshape(bk, g_t, s_len)
-        if v_scale is not None:  # fold each value vector's scale into its attention weight
-            out = int8_bmm(probs * v_scale[:, None, :], v, 2)  # [B*KVH, G*T, Hd]
-        else:
-            out = matmul("nqs,nds->nqd", probs, v, pol)
+        if pol.attention != "pallas":
+            s_len = scores.shape[-1]
+            scores = scores.astype(pol.acc_dtype).reshape(b, cfg.n_kv_heads, cfg.q_per_kv, t, s_len)
+            scores = scores * (cfg.head_dim**-0.5)
+            visible = (key_positions[:, None, :] >= 0) & (key_positions[:, None, :] <= positions[:, :, None])
+            scores = jnp.where(visible[:, None, None], scores, MASK_VALUE)  # visible [B, T, S]
+            probs = jax.nn.softmax(scores, axis=-1).reshape(bk, g_t, s_len)
+            if v_scale is not None:  # fold each value vector's scale into its attention weight
+                out = int8_bmm(probs * v_scale[:, None, :], v, 2)  # [B*KVH, G*T, Hd]
+            else:
+                out = matmul("nqs,nds->nqd", probs, v, pol)
         out = out.reshape(b, cfg.n_kv_heads, cfg.q_per_kv, t, cfg.head_dim).transpose(0, 3, 1, 2, 4)
         out = out.reshape(b, t, cfg.n_heads * cfg.head_dim).astype(x.dtype)
         return dense(out, self.wo.get_value(), pol), new_kv
+
+
+def pallas_contiguous(q, k, v, positions, key_positions, cfg: LlamaConfig, pol: Policy, int8: bool = False):
+    """The contiguous cache's attention as the Pallas flash kernel: q [B*KVH, G*T, Hd], k [B*KVH, S, Hd],
+    v [B*KVH, Hd, S] (the cache layouts), positions [B, T], key_positions [B, S] -> [B*KVH, G*T, Hd] float32."""
+    if int8:
+        raise ConfigError("attention='pallas' reads a float KV cache: drop the int8 cache, or use attention 'xla'")
+    b, kvh = positions.shape[0], cfg.n_kv_heads
+    q_pos = jnp.broadcast_to(jnp.tile(positions, (1, cfg.q_per_kv))[:, None], (b, kvh, q.shape[1]))
+    k_pos = jnp.broadcast_to(key_positions[:, None], (b, kvh, key_positions.shape[1]))
+    return flash_attention(
+        q,
+        k,
+        v,
+        q_pos.reshape(b * kvh, -1),
+        k_pos.reshape(b * kvh, -1),
+        v_transposed=True,
+        dtype=pol.jnp_dtype,
+        precision=pol.lax_precision,
+    )
+
+
+def pallas_paged(q, layer: PagedLayer, positions, pol: Policy):
+    """Attention through the page table as the Pallas ragged paged kernel: q [B, T, KVH, G, Hd] at positions
+    [B, T] -> [B, T, KVH*G*Hd] float32, the layout :func:`~jaxlab.engine.paged.read_pages` returns."""
+    if layer.k_scale is not None:
+        raise ConfigError("attention='pallas' reads float pages: drop the int8 cache, or use attention 'xla'")
+    b, t, kvh, g, hd = q.shape
+    qn = q.transpose(0, 2, 3, 1, 4).reshape(b, kvh, g * t, hd)  # query (g, t) at row g*T + t
+    out = paged_attention(
+        qn,
+        layer.k,
+        layer.v,
+        layer.page_table,
+        jnp.tile(positions, (1, g)),
+        dtype=pol.jnp_dtype,
+        precision=pol.lax_precision,
+    )
+    return out.reshape(b, kvh, g, t, hd).transpose(0, 3, 1, 2, 4).reshape(b, t, kvh * g * hd)
 
 
 class MLP(nnx.Module):
@@ -601,6 +655,13 @@ def forward(
 def cast_params(params: Params, policy: Policy) -> Params:
     """The same weights under another dtype/precision policy."""
     return params_from_flat(params.config, params.flat(), policy)
+
+
+def with_attention(params: Params, attention: str) -> Params:
+    """The same weights computing attention with ``attention`` ("xla" or "pallas"; see :data:`ATTENTIONS`)."""
+    if attention == params.policy.attention:
+        return params
+    return params_from_flat(params.config, params.flat(), dataclasses.replace(params.policy, attention=attention))
 
 
 def replace_config(params: Params, **changes) -> Params:

@@ -342,6 +342,23 @@ CLAIMS: dict[str, Claim] = {
         unit="%",
         at_most=1.0,
     ),
+    # --- notebook 13 ---
+    "pallas_kernels_faster": Claim(
+        quote="pure JAX implementations ... before later Pallas kernels optimized them",
+        source=GLOSSARY,
+        measure="attention time, the XLA formulation / the Pallas flash kernel, compiled for the attached chip "
+        "(> 1: the kernel is faster)",
+        at_least=1.0,
+        condition="the kernel is compiled for a TPU or GPU (interpret mode on a CPU is a simulator) and the shape is "
+        "one where skipping masked blocks and never writing the scores matter",
+    ),
+    "pallas_exact_attention": Claim(
+        quote="FlashAttention, an IO-aware exact attention algorithm",
+        source="Dao et al., arXiv:2205.14135, the kernel notebook 13 writes in Pallas",
+        measure="largest |Pallas kernel - XLA attention| over the settings, float32",
+        unit="",
+        at_most=1e-5,
+    ),
     # --- notebook 14 ---
     "jax_bert_faster_than_pytorch": Claim(
         quote="compiled JAX BERT runs 2-3x faster than PyTorch",

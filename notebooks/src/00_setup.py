@@ -42,6 +42,7 @@
 # | 10 | speculative decoding | n-gram and draft-model drafting, output identical to greedy |
 # | 11 | continuous batching | a paged KV cache, a scheduler that refills the batch between steps, prefix reuse |
 # | 12 | serving | an OpenAI-compatible server: streaming, 16 clients at once, bad input, rate limits |
+# | 13 | Pallas kernels | grids, BlockSpecs, the online softmax; flash attention and paged decode by hand, lowered for TPU and GPU |
 # | 14 | encoder and retrieval | a BERT sentence encoder in Flax, dense retrieval against BM25, answers with sources |
 # | 15 | fine-tuning | LoRA with `jax.grad` and optax on a task the model fails, training speed, export to GGUF and safetensors |
 #

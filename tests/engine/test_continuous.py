@@ -156,6 +156,22 @@ def test_real_model_greedy_tokens_equal_the_generator(engine, generator, smollm)
         assert g.generated_ids == w.generated_ids and g.text == w.text
 
 
+def test_real_model_pallas_attention_gives_the_same_tokens_with_no_compile_after_warmup(engine, smollm):
+    """The engine with ``attention="pallas"`` (the ragged paged kernel, interpret mode on a CPU): the XLA engine's
+    greedy tokens on the real model, and 0 compilations once warm."""
+    from jaxlab.engine.model import with_attention
+
+    tok = smollm.tokenizer
+    prompts = [tok.encode(t) for t in ("The capital of France is", "def fibonacci(n):")]
+    want = engine.generate(prompts, max_new_tokens=8, ignore_eos=True)
+    kern = Engine(with_attention(smollm.params, "pallas"), tok, slots=2, page_size=16, chunk=64, context=256)
+    kern.warmup()
+    with CompileCounter() as cc:
+        got = kern.generate(prompts, max_new_tokens=8, ignore_eos=True)
+    assert cc.count == 0, cc.names
+    assert [g.generated_ids for g in got] == [w.generated_ids for w in want]
+
+
 def test_real_model_streams_text_and_stops(engine, smollm):
     tok = smollm.tokenizer
     s = engine.add_request(tok.encode("The capital of France is"), max_new_tokens=24, stop=["."])

@@ -148,3 +148,19 @@ def test_paged_equals_contiguous_bfloat16():
     got = paged_logits(params, PROMPTS, 5, 4, width=32, dtype=jnp.bfloat16)
     np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=BF16_ATOL, rtol=0)
     assert (np.argmax(got, -1) == np.argmax(ref, -1)).all()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_pallas_attention_equals_xla_with_both_caches(dtype):
+    """``attention="pallas"`` (flash over the contiguous cache, ragged paged over pages) gives the logits of the XLA
+    attention: within 1e-5 in float32, within the bfloat16 tolerance above, same argmax; the tiny model has GQA."""
+    from jaxlab.engine.model import cast_params, default_policy, with_attention
+
+    params = cast_params(init_params(tiny(), 6), default_policy(dtype))
+    kernels = with_attention(params, "pallas")
+    assert kernels.policy.attention == "pallas" and kernels.policy.dtype == dtype
+    atol, cache = (1e-5, jnp.float32) if dtype == "float32" else (BF16_ATOL, jnp.bfloat16)
+    ref = contiguous_logits(params, PROMPTS, 3, cache)
+    for got in (contiguous_logits(kernels, PROMPTS, 3, cache), paged_logits(kernels, PROMPTS, 3, 4, 32, cache)):
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(ref, np.float32), atol=atol, rtol=0)
+        assert (np.argmax(got, -1) == np.argmax(ref, -1)).all()

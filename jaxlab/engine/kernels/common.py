@@ -1,0 +1,119 @@
+"""What the kernels share: where they run, the online-softmax update, and lowering for a chip that is not here.
+
+Pallas writes one kernel body in JAX and lowers it three ways:
+
+* **TPU** (Mosaic): blocks are copied from HBM into VMEM by a pipeline the grid drives; small integer arrays
+  (a page table) can be *scalar-prefetched* into SMEM before the grid starts, so block index maps can read them;
+  block shapes' last two dimensions must be multiples of (8, 128) or the whole array dimension.
+* **GPU** (Triton): each grid point is one program on the GPU, all running at once (no grid axis is
+  sequential, so a reduction loops inside the kernel); block and value shapes must be powers of two.
+* **interpret**: the body run as ordinary JAX operations, on any backend (the CPU here). It checks the
+  logic, not the speed: every grid point becomes one step of a loop on the host device.
+
+:func:`online_update` is the flash-attention trick both attention kernels use: a softmax over keys read a
+block at a time, keeping a running maximum ``m``, a running sum ``total`` and an unnormalised output ``acc``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import jax
+import jax.numpy as jnp
+
+MASK_VALUE = -1e30  # as the model's: finite, so a fully masked block leaves no NaN behind
+VARIANTS = ("tpu", "gpu")
+#: The chip a TPU kernel is lowered for when no TPU is attached (Colab's free TPU today)
+TPU_KIND = "TPU v5 lite"
+
+
+def variant_for(backend: str | None = None) -> tuple[str, bool]:
+    """(kernel variant, interpret?) for a backend (default: JAX's): a TPU runs the TPU variant compiled, a GPU
+    the GPU (Triton) variant compiled, anything else the GPU variant in interpret mode (fewer grid steps than
+    the TPU variant's page-by-page grid, so it simulates faster)."""
+    backend = (backend or jax.default_backend()).lower()
+    if backend == "tpu":
+        return "tpu", False
+    if backend in ("gpu", "cuda", "rocm"):
+        return "gpu", False
+    return "gpu", True
+
+
+def check_variant(variant: str) -> str:
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown kernel variant {variant!r}; choose one of {', '.join(VARIANTS)}")
+    return variant
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def online_update(m, total, acc, q, k, v, visible, *, scale: float, dtype, precision, v_transposed: bool = False):
+    """One block of keys folded into a running softmax.
+
+    q [Q, D], k [K, D], v [K, D] (or [D, K] with ``v_transposed``), visible [Q, K] bool; m, total [Q, 1] and
+    acc [Q, D] float32 -> the new (m, total, acc). The output is ``acc / total`` once every block is in. A block that
+    raises the maximum rescales what came before by ``exp(m_old - m_new)``."""
+    s = jax.lax.dot_general(
+        q.astype(dtype),
+        k.astype(dtype),
+        (((1,), (1,)), ((), ())),
+        precision=precision,
+        preferred_element_type=jnp.float32,
+    )  # [Q, K]
+    s = jnp.where(visible, s * scale, MASK_VALUE)
+    m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
+    p = jnp.where(visible, jnp.exp(s - m_new), 0.0)  # a query that sees nothing in the block adds nothing
+    corr = jnp.exp(m - m_new)
+    contract = (((1,), (1,)), ((), ())) if v_transposed else (((1,), (0,)), ((), ()))
+    pv = jax.lax.dot_general(
+        p.astype(dtype), v.astype(dtype), contract, precision=precision, preferred_element_type=jnp.float32
+    )  # [Q, D]
+    return m_new, total * corr + jnp.sum(p, axis=1, keepdims=True), acc * corr + pv
+
+
+def finish(total, acc):
+    """acc / total, and 0 where a query saw no key at all (total = 0: a padding query)."""
+    return jnp.where(total > 0, acc / jnp.where(total > 0, total, 1.0), 0.0)
+
+
+def compiler_params(variant: str):
+    """What ``pallas_call`` needs to pick the lowering: Triton's parameters on a GPU (jax's default GPU
+    lowering is Mosaic GPU, for Hopper and later), Mosaic's on a TPU."""
+    if variant == "gpu":
+        from jax.experimental.pallas import triton as pltriton
+
+        return pltriton.CompilerParams(num_warps=4, num_stages=2)
+    return None
+
+
+@contextlib.contextmanager
+def lowering_for(platform: str):
+    """Lower for a chip that is not attached: a TPU kernel's lowering asks the device for its kind (VMEM size,
+    tiling), so an abstract TPU device (:data:`TPU_KIND`) stands in; a GPU kernel lowers to Triton IR without one."""
+    if platform == "tpu":
+        from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh
+
+        mesh = AbstractMesh(
+            (1,),
+            ("x",),
+            (AxisType.Explicit,),
+            abstract_device=AbstractDevice(device_kind=TPU_KIND, num_cores=1, platform="tpu"),
+        )
+        with use_abstract_mesh(mesh):
+            yield
+    else:
+        yield
+
+
+def lower(fn, platform: str, *args) -> str:
+    """The StableHLO text of ``fn(*args)`` (arrays or ``jax.ShapeDtypeStruct``) exported for ``platform``
+    ("tpu" or "cuda") from this machine: proof that a kernel lowers there, without the chip. The kernel's
+    custom call (``tpu_custom_call`` or Triton's) is in the text."""
+    from jax import export
+
+    checks = [export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")] if platform == "cuda" else []
+    with lowering_for(platform):
+        exported = export.export(jax.jit(fn), platforms=[platform], disabled_checks=checks)(*args)
+    return exported.mlir_module()
