@@ -657,11 +657,30 @@ def cast_params(params: Params, policy: Policy) -> Params:
     return params_from_flat(params.config, params.flat(), policy)
 
 
-def with_attention(params: Params, attention: str) -> Params:
-    """The same weights computing attention with ``attention`` ("xla" or "pallas"; see :data:`ATTENTIONS`)."""
+def with_attention(params: Params, attention: str, device: Any = None) -> Params:
+    """The same weights computing attention with ``attention`` ("xla" or "pallas"; see :data:`ATTENTIONS`).
+    "pallas" on a GPU needs the Triton path's compute capability (:func:`check_pallas_device`)."""
+    if attention == "pallas":
+        check_pallas_device(device)
     if attention == params.policy.attention:
         return params
     return params_from_flat(params.config, params.flat(), dataclasses.replace(params.policy, attention=attention))
+
+
+PALLAS_MIN_COMPUTE_CAPABILITY = (8, 0)  # the kernels' GPU variant is Triton, which Pallas supports from sm 80
+
+
+def check_pallas_device(device: Any = None) -> None:
+    """A clear error where the Pallas kernels have no path: a GPU older than sm 80 (or of unknown capability).
+    A TPU compiles them, any other backend (a CPU) interprets them."""
+    device = device if device is not None else jax.devices()[0]
+    if getattr(device, "platform", "") in ("gpu", "cuda", "rocm"):
+        cc = _compute_capability(device)
+        if cc is None or cc < PALLAS_MIN_COMPUTE_CAPABILITY:
+            raise ConfigError(
+                f"--attention pallas runs Triton kernels, which Pallas supports from compute capability 8.0; this GPU "
+                f"reports {getattr(device, 'compute_capability', 'none')}: use --attention xla"
+            )
 
 
 def replace_config(params: Params, **changes) -> Params:

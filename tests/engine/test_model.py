@@ -122,3 +122,16 @@ def test_remat_changes_neither_the_logits_nor_the_gradient(params, batch):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-8)
     with pytest.raises(ConfigError, match="remat is for training"):
         forward(params, tokens, positions, init_cache(params.config, 3, 16), remat=True)
+
+
+def test_a_gpu_without_the_triton_path_gets_a_clear_error():
+    from types import SimpleNamespace
+
+    from jaxlab.engine.model import check_pallas_device
+    from jaxlab.errors import ConfigError
+
+    check_pallas_device(SimpleNamespace(platform="gpu", compute_capability="9.0"))  # an H100/H200: fine
+    check_pallas_device(SimpleNamespace(platform="tpu"))
+    for cc in ("7.5", None):  # a T4; a GPU that does not say
+        with pytest.raises(ConfigError, match="use --attention xla"):
+            check_pallas_device(SimpleNamespace(platform="gpu", compute_capability=cc))

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 MASK_VALUE = -1e30  # as the model's: finite, so a fully masked block leaves no NaN behind
 VARIANTS = ("tpu", "gpu")
+MIN_DOT = 16  # the smallest matrix dimension Triton's tl.dot takes: GPU blocks are padded up to it
 #: The chip a TPU kernel is lowered for when no TPU is attached (Colab's free TPU today)
 TPU_KIND = "TPU v5 lite"
 

@@ -13,7 +13,8 @@ prefill skips the blocks above the diagonal and left padding. The loop runs insi
 chips: a GPU runs grid points at once, so a reduction over the grid is not available there.
 
 On a TPU the bounds are scalar-prefetched into SMEM; on a GPU they are an ordinary input read one scalar at
-a time. Block shapes are powers of two (Triton's rule) and the rows are padded to a whole number of blocks.
+a time. Block shapes are powers of two (Triton's rule; at least 16, its smallest dot) and the rows are padded
+to a whole number of blocks.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from jaxlab.engine.kernels.common import (
+    MIN_DOT,
     check_variant,
     compiler_params,
     finish,
@@ -112,6 +114,8 @@ def flash_attention(
     dtype = dtype or q.dtype
     precision = jax.lax.Precision.HIGHEST if precision is None else precision
     bq, bk = min(block_q, next_pow2(q_len)), min(block_k, next_pow2(s))
+    if variant == "gpu":  # Triton's dot needs at least 16 rows and columns
+        bq, bk = max(bq, MIN_DOT), max(bk, MIN_DOT)
     qp_len, sp = -(-q_len // bq) * bq, -(-s // bk) * bk
     q = _pad(q, 1, qp_len)
     q_pos = _pad(q_pos.astype(jnp.int32), 1, qp_len, -1)

@@ -16,7 +16,7 @@ Two variants of one idea:
   The running max, sum and output live in VMEM scratch across the page axis.
 * **GPU** (Triton): grid (B, KVH), the pool left in HBM as whole arrays, and a loop over the row's pages
   inside the kernel that loads page ``page_table[b, j]`` itself. Q is padded to a power of two (9 query heads
-  over 3 KV heads give Q = 3 at decode: padded to 4).
+  over 3 KV heads give Q = 3 at decode: padded to 16, the smallest dot Triton takes).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from jaxlab.engine.kernels.common import (
+    MIN_DOT,
     check_variant,
     compiler_params,
     finish,
@@ -137,7 +138,7 @@ def paged_attention(
     table = page_table.astype(jnp.int32)
     opts = dict(page_size=page_size, scale=d**-0.5, dtype=dtype, precision=precision)
     if variant == "gpu":  # Triton wants power-of-two value shapes
-        rows = next_pow2(q_len)
+        rows = max(MIN_DOT, next_pow2(q_len))
         q = jnp.pad(q, ((0, 0), (0, 0), (0, rows - q_len), (0, 0)))
         q_pos = jnp.pad(q_pos, ((0, 0), (0, rows - q_len)), constant_values=-1)
         qspec = pl.BlockSpec((None, None, rows, d), lambda i, h: (i, h, 0, 0))
