@@ -13,7 +13,8 @@
   Python functions the interpreter runs during each call (none, when jax's C++ dispatch finds the program).
 * :func:`min_python_minor` reads a package's ``Requires-Python`` as a number (notebook 00).
 * Figures: :func:`plot_eager_vs_jit`, :func:`plot_settings` (a measured value per setting against a claim's
-  threshold), and for notebook 00 :func:`plot_param_bytes` and :func:`plot_token_probabilities`.
+  threshold), and for notebook 00 :func:`plot_token_probabilities` (its weights figure is
+  :func:`jaxlab.lab.anatomy.plot_param_bytes`, notebook 03's).
 
 Every timing here blocks on its outputs unless its name says otherwise, and no helper prints: the
 notebook decides what is checked (deterministic) and what is shown as a measurement.
@@ -45,10 +46,8 @@ __all__ = [
     "per_call_seconds",
     "python_calls_per_call",
     "min_python_minor",
-    "param_bytes",
     "plot_eager_vs_jit",
     "plot_settings",
-    "plot_param_bytes",
     "plot_token_probabilities",
 ]
 
@@ -292,43 +291,6 @@ def min_python_minor(requires: str, major: int = 3, upto: int = 50) -> int:
 # --------------------------------------------------------------------------------------------------
 # Figures
 # --------------------------------------------------------------------------------------------------
-
-
-def _component(name: str) -> str:
-    if name == "embed":
-        return "embedding (tied output head)"
-    if ".attn." in name:
-        return "attention " + ("q, o" if name.rsplit(".", 1)[-1] in ("wq", "wo") else "k, v")
-    if ".mlp." in name:
-        return "MLP (gate, up, down)"
-    return "norms"
-
-
-def param_bytes(params: Params) -> dict[str, int]:
-    """Bytes of the weights by component (embedding, attention q/o and k/v, MLP, norms), largest first."""
-    out: dict[str, int] = {}
-    for name, a in params.flat().items():
-        out[_component(name)] = out.get(_component(name), 0) + int(a.size) * a.dtype.itemsize
-    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
-
-
-def plot_param_bytes(params: Params):
-    """Horizontal bars: MB of weights per component, with each one's share of the whole."""
-    import matplotlib.pyplot as plt
-
-    parts = param_bytes(params)
-    total = sum(parts.values())
-    fig, ax = plt.subplots(figsize=(7, 2.8))
-    names = list(parts)[::-1]
-    mb = [parts[n] / 1e6 for n in names]
-    ax.barh(names, mb, color="tab:blue")
-    for i, v in enumerate(mb):
-        ax.text(v, i, f" {v:.0f} MB ({100 * v * 1e6 / total:.0f}%)", va="center", fontsize=8)
-    ax.set_xlim(0, max(mb) * 1.35)
-    ax.set_xlabel(f"MB in memory ({params.policy.dtype}), {total / 1e6:.0f} MB in all")
-    ax.set_title(f"Where the weights are: {params.config.n_layers} layers, one shared embedding")
-    fig.tight_layout()
-    return fig
 
 
 def plot_token_probabilities(tokenizer, token_ids: Sequence[int], logprobs: Sequence[float]):

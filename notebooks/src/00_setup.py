@@ -212,9 +212,9 @@ print(f"weights in memory: {m.params.nbytes() / 1e6:.0f} MB as {m.params.policy.
 # %% tags=["nbval-ignore-output"]
 import matplotlib.pyplot as plt
 
-from jaxlab.lab import essentials
+from jaxlab.lab import anatomy, essentials
 
-fig = essentials.plot_param_bytes(m.params)
+fig = anatomy.plot_param_bytes(anatomy.param_table(m.params, model_file))
 plt.show()
 
 # %% [markdown]

@@ -302,19 +302,6 @@ def test_first_call_x():
     assert r.first_call_x == pytest.approx(10.0)
 
 
-def test_param_bytes_adds_up_to_the_weights(tiny_params):
-    parts = essentials.param_bytes(tiny_params)
-    assert sum(parts.values()) == tiny_params.nbytes()
-    assert set(parts) == {
-        "embedding (tied output head)",
-        "attention q, o",
-        "attention k, v",
-        "MLP (gate, up, down)",
-        "norms",
-    }
-    assert list(parts.values()) == sorted(parts.values(), reverse=True)
-
-
 @pytest.fixture
 def agg():
     import matplotlib
@@ -340,11 +327,10 @@ def test_figures_have_titles_and_labels(tiny_params, agg):
     x, pos = essentials.block_inputs(tiny_params.config, seq_len=2)
     r = essentials.eager_vs_jit(step, state, x, pos, repeats=1)
     figs = [
-        essentials.plot_param_bytes(tiny_params),
         essentials.plot_token_probabilities(Tok(), [3, 4, 5], [-0.01, -1.5, -0.2]),
         essentials.plot_eager_vs_jit({"tiny block, 2 tokens": r}),
         essentials.plot_settings("jit_speedup_2_3x", {"a": 0.9, "b": 5.0}, "speed-ups"),
     ]
     assert all(_labelled(f) for f in figs)
-    bars = figs[3].axes[0].patches
+    bars = figs[2].axes[0].patches
     assert [b.get_facecolor() != bars[0].get_facecolor() for b in bars] == [False, True]  # only "b" meets >= 2x
