@@ -52,15 +52,18 @@ lab: $(LAB_STAMP)
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg --nbval-cell-timeout 300
 
 # The tests run on two worker processes, whole files each: compiling, most of their time, is single-threaded, so
-# two compile at once on CI's two cores. The notebooks run after them, one at a time, on a quiet machine: they
-# measure speed, and their verdicts must not depend on a neighbour. Both phases share one empty compile cache.
+# two compile at once on CI's two cores. The notebooks run after them, two at a time as well: nbval compares only
+# outputs that no timing changes (every timed cell and every verdict on a timed claim is tagged
+# nbval-ignore-output, which tests/house/test_teaching.py enforces), so a neighbour slows a notebook without
+# changing what is checked; the stored outputs, timings included, come from scripts/run_notebooks.py, one
+# notebook at a time on a quiet machine. Both phases share one empty compile cache.
 XDIST := -n 2 --dist loadfile
 
 test: $(TEST_STAMP)
 	cache=$$(mktemp -d -t jaxlab-tests-compile-cache-XXXXXX) && trap 'rm -rf "$$cache"' EXIT && \
 	export JAXLAB_COMPILE_CACHE="$$cache" && \
 	$(CPU) $(BIN)/python -m pytest tests $(XDIST) && \
-	$(CPU) $(BIN)/python -m pytest notebooks $(NBVAL)
+	$(CPU) $(BIN)/python -m pytest notebooks $(NBVAL) $(XDIST)
 
 test-fast: $(TEST_STAMP)
 	$(CPU) $(BIN)/python -m pytest tests -m "not reference and not slow"
