@@ -57,7 +57,7 @@ def measure_encoder(quick: bool, reps: int, torch_compile: bool, log) -> dict:
     import jax
     import torch
 
-    from jaxlab.engine.encoder import load_embedder, sentence_embeddings
+    from jaxlab.engine.encoder import compile_options, load_embedder, sentence_embeddings
     from jaxlab.io import assets
 
     emb = load_embedder()
@@ -71,7 +71,7 @@ def measure_encoder(quick: bool, reps: int, torch_compile: bool, log) -> dict:
         ids[:, 0], ids[:, -1] = 101, 102
         mask = np.ones((b, t), np.int32)
         t0 = time.perf_counter()
-        fn = jitted.lower(emb.params, ids, mask).compile()
+        fn = jitted.lower(emb.params, ids, mask).compile(compiler_options=compile_options(b, t))  # as Embedder does
         ours_compile = time.perf_counter() - t0
         tid, tmask = torch.from_numpy(ids.astype(np.int64)), torch.from_numpy(mask.astype(np.int64))
         fns = {"jaxlab (jit)": lambda: np.asarray(fn(emb.params, ids, mask))}

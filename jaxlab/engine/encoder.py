@@ -297,6 +297,22 @@ def sentence_embeddings(params: EncoderParams, ids: Array, mask: Array) -> Array
     return l2_normalize(pooled) if params.config.normalize else pooled
 
 
+#: XLA:CPU's YNNPACK fusions (its default: a dot fused with what follows it, e.g. the down projection with the
+#: residual and LayerNorm) ran this encoder 1.11-1.35x slower than plain dots on programs of 4,096 tokens, and
+#: within 0-8 % either way below 2,048 (measured on a 2-core AMD EPYC, jax 0.10.2: benchmarks/NOTES.md), so
+#: programs of at least this many tokens are compiled without them, on a CPU only.
+PLAIN_DOTS_FROM_TOKENS = 2048
+PLAIN_DOTS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+
+
+def compile_options(batch: int, length: int, backend: str | None = None) -> dict | None:
+    """XLA compiler options for the [batch, length] program: :data:`PLAIN_DOTS` on a CPU from
+    :data:`PLAIN_DOTS_FROM_TOKENS` tokens, else None (XLA's defaults)."""
+    if (backend or jax.default_backend()) == "cpu" and batch * length >= PLAIN_DOTS_FROM_TOKENS:
+        return dict(PLAIN_DOTS)
+    return None
+
+
 # ---- the embedder -------------------------------------------------------------------------------------------
 
 
@@ -339,7 +355,7 @@ class Embedder:
         mask = np.zeros((b, t), np.int32)
         for i, r in enumerate(rows):
             ids[i, : len(r)], mask[i, : len(r)] = r, 1
-        fn, _ = self.programs.get("embed", self._jitted, (self.params, ids, mask))
+        fn, _ = self.programs.get("embed", self._jitted, (self.params, ids, mask), options=compile_options(b, t))
         return np.asarray(fn(self.params, ids, mask))[: len(rows)]
 
     def embed_ids(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
@@ -367,7 +383,7 @@ class Embedder:
         for b in bs:
             for t in sorted({bucket(n, self.lengths) for n in (lengths or self.lengths)}):
                 args = (self.params, np.zeros((b, t), np.int32), np.ones((b, t), np.int32))
-                self.programs.get("embed", self._jitted, args)
+                self.programs.get("embed", self._jitted, args, options=compile_options(b, t))
         return self.programs.compile_seconds_total - before
 
 

@@ -29,14 +29,17 @@ class Programs:
         self._compiled: dict[tuple, Callable] = {}
         self.compile_seconds_total = 0.0
 
-    def get(self, name: str, jitted, args: tuple, static: dict | None = None) -> tuple[Callable, float]:
-        """(compiled program, seconds spent compiling it now: 0.0 when it was compiled before)."""
-        sig = signature(name, args, static)
+    def get(
+        self, name: str, jitted, args: tuple, static: dict | None = None, options: dict | None = None
+    ) -> tuple[Callable, float]:
+        """(compiled program, seconds spent compiling it now: 0.0 when it was compiled before). ``options``: XLA
+        compiler options for this program (``compile(compiler_options=...)``), part of its signature."""
+        sig = signature(name, args, static) + (tuple(sorted((options or {}).items())),)
         fn = self._compiled.get(sig)
         if fn is not None:
             return fn, 0.0
         t0 = time.perf_counter()
-        fn = jitted.lower(*args, **(static or {})).compile()
+        fn = jitted.lower(*args, **(static or {})).compile(compiler_options=options)
         seconds = time.perf_counter() - t0
         self._compiled[sig] = fn
         self.compile_seconds_total += seconds

@@ -161,7 +161,9 @@ _ = check("a text's embedding does not depend on its batch", np.abs(again - vect
 # `jaxlab bench --encoder` times the jitted encoder against `transformers`' BertModel in PyTorch eager and under
 # `torch.compile`, same token ids, same threads. It needs torch, which this notebook does without, so the figures
 # below are the bench's stored run, labelled with its host and date; the cell after it times jaxlab alone here.
-# The claim is judged at each batch x length the bench measured. **Predict first:** on a 2-core CPU, at which
+# The claim is judged at each batch x length the bench measured. The bench compiles the encoder as `Embedder` does:
+# programs of 2,048 tokens or more without XLA:CPU's YNNPACK dot fusions, which measured slower for this model on
+# that CPU (`encoder.compile_options`). **Predict first:** on a 2-core CPU, at which
 # shapes (if any) is the jitted encoder at least twice as fast as PyTorch eager?
 
 # %% tags=["nbval-ignore-output"]
@@ -301,8 +303,12 @@ _ = verdict(
 #   real tokens, normalised; here `[CLS]` separated paraphrases less well.
 # - Built from Flax NNX modules, it matches the reference's token ids and embeddings within 1e-5 (float32), batched
 #   or `vmap`ped, with a handful of compiled programs for every input.
-# - "2–3× faster than PyTorch" did not hold on the stored run's CPU: jaxlab was 0.5–1.0× PyTorch eager, and
-#   `torch.compile` was faster still. Speed claims hold per machine, if at all.
+# - "2–3× faster than PyTorch" did not hold on the stored run's CPU: jaxlab was 1.0–1.4× PyTorch eager, and
+#   `torch.compile` was level with it or faster at most shapes. Speed claims hold per machine, if at all; even the
+#   compiler's own choices do (the next point).
+# - XLA:CPU's YNNPACK dot fusions made this encoder up to 1.6× slower on large batches on that CPU; jaxlab compiles
+#   programs of ≥ 2,048 tokens without them (`encoder.compile_options`, benchmarks/NOTES.md §10). Before that
+#   change, an Intel host of the same kind measured 0.55–0.97× PyTorch eager.
 # - An exact dense index is a matrix and a matmul; on paraphrased questions it ties BM25 at recall@5, and BM25 is
 #   better at putting the right chunk first when the question uses the API's own words.
 # - Retrieval turns "the model guesses" into "the model reads", when the right passage is retrieved.

@@ -104,6 +104,22 @@ def test_no_compilation_after_warmup(emb):
     assert cc.count == 0 and len(e.programs) == programs == 4
 
 
+def test_large_programs_compile_without_ynn_fusions_on_a_cpu_and_give_the_same_embeddings(emb):
+    """``compile_options``: plain dots from PLAIN_DOTS_FROM_TOKENS tokens on a CPU (measured faster there,
+    benchmarks/NOTES.md 10), XLA's defaults below it and on other backends; the embeddings do not change."""
+    assert encoder.compile_options(32, 64, "cpu") == encoder.PLAIN_DOTS  # 2,048 tokens
+    assert encoder.compile_options(32, 63, "cpu") is None and encoder.compile_options(128, 128, "gpu") is None
+    ids = np.random.default_rng(3).integers(1000, 20000, (32, 64)).astype(np.int32)
+    mask = np.ones_like(ids)
+    jitted = jax.jit(encoder.sentence_embeddings)
+    plain = jitted.lower(emb.params, ids, mask).compile(compiler_options=encoder.compile_options(32, 64, "cpu"))
+    fused = jitted.lower(emb.params, ids, mask).compile()
+    assert "%ynn_fusion" not in plain.as_text() and "%ynn_fusion" in fused.as_text()  # the instructions' names
+    np.testing.assert_allclose(
+        np.asarray(plain(emb.params, ids, mask)), np.asarray(fused(emb.params, ids, mask)), atol=1e-6
+    )
+
+
 def test_errors_name_the_problem(emb):
     with pytest.raises(InvalidRequestError, match="list of texts"):
         emb.embed("a bare string")
