@@ -18,7 +18,6 @@ they are (not kernel speed).
 
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 import jax
@@ -26,6 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxlab.engine.kernels import flash_attention, paged_attention, variant_for
+from jaxlab.engine.kernels.common import reference_attention
+from jaxlab.tools.profile import time_fn
 
 KVH, G, D, PAGE = 3, 3, 64, 16
 CONTEXTS, BATCHES = (512, 2048, 8192), (1, 8, 32)
@@ -33,25 +34,12 @@ QUICK_CONTEXTS, QUICK_BATCHES = (64,), (1, 2)
 
 
 def timed(fn: Callable, args: tuple, reps: int) -> tuple[float | None, str, object]:
-    """(best seconds of ``reps`` calls after one warm-up, "" or what went wrong in one line, the output)."""
+    """(best seconds of ``reps`` calls after the one that compiles, "" or what went wrong in one line, the output)."""
     try:
-        out = jax.block_until_ready(fn(*args))
-        best = float("inf")
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn(*args))
-            best = min(best, time.perf_counter() - t0)
-        return best, "", out
+        best = time_fn(fn, *args, repeats=reps, warmup=0).min
+        return best, "", jax.block_until_ready(fn(*args))
     except Exception as e:  # noqa: BLE001 - an out-of-memory jnp attention at 8k is a result, not a crash
         return None, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}", None
-
-
-def jnp_attention(q, k, v, q_pos, k_pos):
-    """The model's formulation over [N, Q, D] x [N, S, D] with positions: what XLA compiles for attention."""
-    s = jnp.einsum("nqd,nsd->nqs", q, k, precision="highest") * q.shape[-1] ** -0.5
-    visible = (k_pos[:, None, :] >= 0) & (k_pos[:, None, :] <= q_pos[:, :, None])
-    p = jax.nn.softmax(jnp.where(visible, s, -1e30), axis=-1)
-    return jnp.einsum("nqs,nsd->nqd", p, v, precision="highest")
 
 
 def prefill_case(rng, batch: int, ctx: int):
@@ -90,7 +78,9 @@ def measure_kernels(quick: bool | None = None, reps: int = 5, log: Callable = pr
             q, k, v, qp, kp = prefill_case(rng, b, ctx)
             ours = jax.jit(lambda *a: flash_attention(*a, variant=variant, interpret=interpret))
             row["prefill_pallas_s"], row["prefill_pallas_error"], a = timed(ours, (q, k, v, qp, kp), reps)
-            row["prefill_jnp_s"], row["prefill_jnp_error"], r = timed(jax.jit(jnp_attention), (q, k, v, qp, kp), reps)
+            row["prefill_jnp_s"], row["prefill_jnp_error"], r = timed(
+                jax.jit(reference_attention), (q, k, v, qp, kp), reps
+            )
             if a is not None and r is not None:
                 row["prefill_max_abs_diff"] = float(jnp.max(jnp.abs(a - r)))
             if gpu:
@@ -102,7 +92,9 @@ def measure_kernels(quick: bool | None = None, reps: int = 5, log: Callable = pr
             qn = q.reshape(b * KVH, G, D)
             kpos = jnp.broadcast_to(jnp.arange(ctx, dtype=jnp.int32), (b * KVH, ctx))
             args = (qn, kc, vc, jnp.full((b * KVH, G), ctx - 1, jnp.int32), kpos)
-            row["decode_contiguous_s"], row["decode_contiguous_error"], r = timed(jax.jit(jnp_attention), args, reps)
+            row["decode_contiguous_s"], row["decode_contiguous_error"], r = timed(
+                jax.jit(reference_attention), args, reps
+            )
             if a is not None and r is not None:
                 row["decode_max_abs_diff"] = float(jnp.max(jnp.abs(a.reshape(r.shape) - r)))
             if gpu:

@@ -251,16 +251,3 @@ def block_problems(q_len: int, s_len: int, block_q, block_k, chip: str) -> list[
             if b > max(16, 1 << (n - 1).bit_length()):
                 out.append(f"{name}={b} is bigger than {n} padded to a power of two: pure padding")
     return out
-
-
-def seconds_per_call(fn, *args, repeat: int = 3) -> float:
-    """The best of ``repeat`` timed calls of ``fn(*args)`` (after one untimed call that compiles), in seconds."""
-    import time
-
-    jax.block_until_ready(fn(*args))
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - t0)
-    return best

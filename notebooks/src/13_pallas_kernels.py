@@ -41,6 +41,7 @@ from jaxlab.engine.kernels import common, flash, rmsnorm
 from jaxlab.engine.kernels.paged_attention import paged_kernel_gpu
 from jaxlab.lab import pallas as lp
 from jaxlab.lab.notebook import check, setup, show_source, table, unmeasured, verdict
+from jaxlab.tools.profile import time_fn
 
 setup()
 print("backend:", jax.default_backend(), "| kernel variant, interpret mode:", kernels.variant_for())
@@ -109,8 +110,8 @@ _ = check("rms_norm (Pallas) equals the jnp formula", float(jnp.abs(rms_pallas(x
 # of the same arithmetic XLA fuses into one loop. How many times slower than the jitted `jnp` formula is it here?
 
 # %% tags=["nbval-ignore-output"]
-t_pallas, t_xla = lp.seconds_per_call(rms_pallas, xs, w), lp.seconds_per_call(rms_xla, xs, w)
-t_eager = lp.seconds_per_call(functools.partial(kernels.rms_norm, block_rows=8), xs, w, repeat=1)
+t_pallas, t_xla = time_fn(rms_pallas, xs, w, repeats=3).min, time_fn(rms_xla, xs, w, repeats=3).min
+t_eager = time_fn(functools.partial(kernels.rms_norm, block_rows=8), xs, w, repeats=1, warmup=0).min
 interpret_ratio = t_pallas / t_xla
 _ = table([{"RMSNorm, 256 x 576": "jnp formula, jitted", "ms": t_xla * 1e3},
            {"RMSNorm, 256 x 576": "Pallas, interpret mode, jitted", "ms": t_pallas * 1e3},
@@ -187,18 +188,13 @@ plt.show()
 _ = check("causal prefill visits 10 of 16 blocks", int(lp.visited_key_blocks(pos, pos, 16, 16).sum()) == 10)
 _ = check("with 20 slots of padding, 6 of 16", int(lp.visited_key_blocks(padded, padded, 16, 16).sum()) == 6)
 
-
 # %% [markdown]
 # Now the kernel itself against the model's formula (scores, mask, softmax, values: what XLA compiles), on a
 # batch of 2 sequences x 3 KV heads (6 problems), 48 queries over a cache of 80 slots, left-padded:
 
 # %%
-def xla_attention(q, k, v, q_pos, k_pos):
-    s = jnp.einsum("nqd,nsd->nqs", q, k, precision="highest") * q.shape[-1] ** -0.5
-    visible = (k_pos[:, None, :] >= 0) & (k_pos[:, None, :] <= q_pos[:, :, None])
-    p = jax.nn.softmax(jnp.where(visible, s, common.MASK_VALUE), axis=-1)
-    return jnp.einsum("nqs,nsd->nqd", p, v, precision="highest")
-
+xla_attention = common.reference_attention  # the baseline jaxlab bench --kernels times too
+_ = show_source(xla_attention, skip_docstring=True)
 
 n, t, s_len, d = 6, 48, 80, 64
 pad = np.repeat([5, 17], 3)[:, None]  # two sequences, left padding 5 and 17, 3 KV heads each
@@ -362,8 +358,8 @@ if interpreted:
 else:
     big = jnp.arange(2048)[None].repeat(8, 0).astype(jnp.int32)
     qb, kb, vb = (jnp.asarray(rng.normal(size=(8, 2048, 64)), jnp.float32) for _ in range(3))
-    t_k = lp.seconds_per_call(jax.jit(kernels.flash_attention), qb, kb, vb, big, big)
-    t_x = lp.seconds_per_call(jax.jit(xla_attention), qb, kb, vb, big, big)
+    t_k = time_fn(jax.jit(kernels.flash_attention), qb, kb, vb, big, big, repeats=3).min
+    t_x = time_fn(jax.jit(xla_attention), qb, kb, vb, big, big, repeats=3).min
     _ = verdict("pallas_kernels_faster", {f"causal prefill 8 x 2048 x 64 on {variant.upper()}": t_x / t_k},
                 because="the kernel skips the masked blocks and never writes the scores to HBM")  # fmt: skip
 

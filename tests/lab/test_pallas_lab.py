@@ -79,7 +79,3 @@ def test_figures_draw():
     pos = np.arange(32)
     assert lp.plot_flash_blocks(pos, pos, 8, 16).axes
     assert lp.plot_paged_reads(np.array([[0, 2], [1, 3]]), np.array([[20], [3]]), 16, 4).axes
-
-
-def test_seconds_per_call_is_positive():
-    assert lp.seconds_per_call(lambda x: x + 1, np.ones(3), repeat=2) > 0

@@ -74,6 +74,16 @@ def online_update(m, total, acc, q, k, v, visible, *, scale: float, dtype, preci
     return m_new, total * corr + jnp.sum(p, axis=1, keepdims=True), acc * corr + pv
 
 
+def reference_attention(q, k, v, q_pos, k_pos):
+    """What the kernels compute, as ``jnp`` operations XLA compiles (the model's formula: scores, the position rule,
+    softmax, values): q [N, Q, D] at q_pos [N, Q] over k, v [N, S, D] at k_pos [N, S] -> [N, Q, D]. The baseline of
+    ``jaxlab bench --kernels`` and of notebook 13."""
+    s = jnp.einsum("nqd,nsd->nqs", q, k, precision="highest") * q.shape[-1] ** -0.5
+    visible = (k_pos[:, None, :] >= 0) & (k_pos[:, None, :] <= q_pos[:, :, None])
+    p = jax.nn.softmax(jnp.where(visible, s, MASK_VALUE), axis=-1)
+    return jnp.einsum("nqs,nsd->nqd", p, v, precision="highest")
+
+
 def finish(total, acc):
     """acc / total, and 0 where a query saw no key at all (total = 0: a padding query)."""
     return jnp.where(total > 0, acc / jnp.where(total > 0, total, 1.0), 0.0)
