@@ -1,6 +1,9 @@
 # Two commands for users: `make lab` and `make test`. Both set up .venv first (idempotent).
 #   make lab     the lab: jaxlab, jax/flax, JupyterLab, the embedded model (no torch, no transformers)
-#   make test    the lab plus the test tools and the reference (torch CPU + transformers), then every test
+#   make test    the lab plus the test tools and the reference (torch CPU + transformers), then every test and
+#                every notebook, but the few that build an environment of their own
+#   make test-install  those: the simulated Colab run and the offline wheelhouse (each builds a venv; CI runs it
+#                after make test)
 #   make llama-cpp  llama.cpp's server and benches, the peer of `jaxlab bench --serve` (not needed by the tests)
 #   make peers   the exported GGUF files (F16, Q8_0) in llama.cpp's llama-server give jaxlab's greedy tokens
 #   make wheelhouse  every wheel `make lab` needs, with the model and compile caches, for a room with no network;
@@ -25,7 +28,7 @@ WARM ?= 00
 SOLUTIONS ?=
 HIDE := $(if $(SOLUTIONS),,--ContentsManager.hide_globs="['solutions','__pycache__','*.pyc','.ipynb_checkpoints']")
 
-.PHONY: setup lab test test-fast notebooks bench llama-cpp peers reference wheelhouse student-copy clean
+.PHONY: setup lab test test-install test-fast notebooks bench llama-cpp peers reference wheelhouse student-copy clean
 
 setup: $(LAB_STAMP)
 
@@ -51,19 +54,29 @@ lab: $(LAB_STAMP)
 
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg --nbval-cell-timeout 300
 
-# The tests run on two worker processes, whole files each: compiling, most of their time, is single-threaded, so
-# two compile at once on CI's two cores. The notebooks run after them, two at a time as well: nbval compares only
-# outputs that no timing changes (every timed cell and every verdict on a timed claim is tagged
-# nbval-ignore-output, which tests/house/test_teaching.py enforces), so a neighbour slows a notebook without
-# changing what is checked; the stored outputs, timings included, come from scripts/run_notebooks.py, one
-# notebook at a time on a quiet machine. Both phases share one empty compile cache.
-XDIST := -n 2 --dist loadfile
+# The tests and the notebooks run in one pytest run on two worker processes, whole files (a notebook is one) each:
+# compiling, most of their time, is single-threaded, so two compile at once on CI's two cores. The files go out
+# longest first (tests/conftest.py orders them by tests/durations.json; --no-loadscope-reorder keeps that order),
+# so the last ones to finish are short and neither worker waits long for the other. nbval compares only outputs
+# that no timing changes (every timed cell and every verdict on a timed claim is tagged nbval-ignore-output, which
+# tests/house/test_teaching.py enforces), so a neighbour slows a notebook without changing what is checked; the
+# stored outputs, timings included, come from scripts/run_notebooks.py, one notebook at a time on a quiet machine.
+# The run starts with an empty compile cache of its own, so a fresh machine and this one cost the same.
+XDIST := -n 2 --dist loadfile --no-loadscope-reorder
 
 test: $(TEST_STAMP)
 	cache=$$(mktemp -d -t jaxlab-tests-compile-cache-XXXXXX) && trap 'rm -rf "$$cache"' EXIT && \
 	export JAXLAB_COMPILE_CACHE="$$cache" && \
-	$(CPU) $(BIN)/python -m pytest tests $(XDIST) && \
-	$(CPU) $(BIN)/python -m pytest notebooks $(NBVAL) $(XDIST)
+	$(CPU) $(BIN)/python -m pytest tests notebooks -m "not install" $(NBVAL) $(XDIST)
+	@echo "make test: the tests that build an environment of their own (marked install) run in make test-install"
+
+# The tests that build an environment of their own (pytest -m install): the simulated Colab run (a venv with
+# Colab's packages, the set-up cell, notebook 00) and the offline classroom (a wheelhouse, an offline make lab in a
+# copy of the tree, notebook 00). CI runs it after make test.
+test-install: $(TEST_STAMP)
+	cache=$$(mktemp -d -t jaxlab-tests-compile-cache-XXXXXX) && trap 'rm -rf "$$cache"' EXIT && \
+	export JAXLAB_COMPILE_CACHE="$$cache" && \
+	$(CPU) $(BIN)/python -m pytest tests -m install $(XDIST)
 
 test-fast: $(TEST_STAMP)
 	$(CPU) $(BIN)/python -m pytest tests -m "not reference and not slow"

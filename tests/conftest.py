@@ -6,6 +6,11 @@ Hugging Face layout).
 
 Parity figures recorded with the ``parity`` fixture are printed at the end of the run.
 
+Files run longest first (``tests/durations.json``, seconds per file measured in a whole ``make test``): with
+``--dist loadfile --no-loadscope-reorder`` each of the two workers takes the longest file left, so the run ends on
+short files and neither worker idles long at the end. ``JAXLAB_DURATIONS=tests/durations.json make test`` measures
+and rewrites the table (the host's CPU and the date go with it).
+
 One persistent compilation cache serves the whole run (``JAXLAB_COMPILE_CACHE``, unless set): a folder made
 empty for this run (by the controller of a ``pytest -n 2`` run, whose workers share it), so a run on a fresh machine and a run here cost the same, and the user's cache
 (``~/.cache/jaxlab/jax``) is neither read nor written. This process turns it on at once; the command-line
@@ -20,9 +25,11 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
+import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -233,7 +240,9 @@ def measured():
 
 
 def pytest_sessionfinish(session):
-    """Under pytest-xdist, a worker hands its summary lines to the controller, which prints them."""
+    """Under pytest-xdist, a worker hands its summary lines to the controller, which prints them (and writes the
+    durations table when asked)."""
+    _write_durations(session)
     if hasattr(session.config, "workeroutput"):
         session.config.workeroutput["parity"] = list(_PARITY)
         session.config.workeroutput["measured"] = list(_MEASURED)
@@ -244,6 +253,43 @@ def pytest_testnodedown(node, error):
     out = getattr(node, "workeroutput", {})
     _PARITY.extend(out.get("parity", []))
     _MEASURED.extend(out.get("measured", []))
+
+
+DURATIONS = Path(__file__).resolve().parent / "durations.json"
+_FILE_SECONDS: dict[str, float] = {}
+
+
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Longest files first (``durations.json``); a file it does not know yet goes after them, in collection order."""
+    if not DURATIONS.exists():
+        return
+    seconds = json.loads(DURATIONS.read_text())["seconds"]
+    first_seen: dict[str, int] = {}
+    for i, item in enumerate(items):
+        first_seen.setdefault(_file_of(item.nodeid), i)
+    items.sort(key=lambda it: (-seconds.get(_file_of(it.nodeid), 0.0), first_seen[_file_of(it.nodeid)]))
+
+
+def pytest_runtest_logreport(report):
+    """With ``JAXLAB_DURATIONS`` set, add up each file's seconds (set-up, call and teardown) in the controller."""
+    if os.environ.get("JAXLAB_DURATIONS"):
+        _FILE_SECONDS[_file_of(report.nodeid)] = _FILE_SECONDS.get(_file_of(report.nodeid), 0.0) + report.duration
+
+
+def _write_durations(session) -> None:
+    if not os.environ.get("JAXLAB_DURATIONS") or hasattr(session.config, "workerinput") or not _FILE_SECONDS:
+        return
+    from jaxlab.tools.hardware import cpu_name
+
+    table = {
+        "measured": f"make test on {cpu_name()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}",
+        "seconds": {f: round(s, 1) for f, s in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])},
+    }
+    Path(os.environ["JAXLAB_DURATIONS"]).write_text(json.dumps(table, indent=1) + "\n")
 
 
 def pytest_terminal_summary(terminalreporter):

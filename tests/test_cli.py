@@ -185,15 +185,14 @@ def test_info(capsys):
 
 
 def test_info_prints_the_chip_and_its_peaks(capsys, monkeypatch):
-    from jaxlab import cli
     from jaxlab.engine.model import backend_numerics
-    from jaxlab.tools import hardware
+    from jaxlab.tools import about, hardware
 
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert "chip          cpu" in out and "peaks         CPU: no published peak" in out
     # on an accelerator: the chip's published peaks (faked device kind), in --json and in the text
-    d = cli.info()
+    d = about.info()
     chip = hardware.CHIPS["TPU v5e"]
     d.update(
         device_kind="TPU v5 lite",
@@ -202,7 +201,7 @@ def test_info_prints_the_chip_and_its_peaks(capsys, monkeypatch):
         fallback=hardware.fallback_note("cpu", "tpu", {}),
     )
     d["numerics"] = backend_numerics("tpu")
-    text = cli.format_info(d)
+    text = about.format_info(d)
     assert "chip          TPU v5 lite" in text and "197 TFLOP/s bfloat16" in text
     assert "default dtype bfloat16, matmul precision default (TPU: bfloat16" in text
     assert "NOTE" in text and "CPU figures" in text

@@ -254,6 +254,7 @@ def _fake_colab(sim: Path) -> Path:
     return sim / "fake"
 
 
+@pytest.mark.install
 @pytest.mark.slow
 def test_colab_simulation(tmp_path):
     sim = tmp_path

@@ -25,12 +25,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxlab.engine.kernels.common import MASK_VALUE
 from jaxlab.engine.plan import bucket
 from jaxlab.engine.programs import Programs
 from jaxlab.errors import ConfigError, InvalidRequestError
 
 Array = jax.Array
-MASK_VALUE = -1e30
 LENGTH_BUCKETS = (16, 32, 64, 128, 192, 256, 512)
 BATCH_BUCKETS = (1, 8, 32, 128)
 

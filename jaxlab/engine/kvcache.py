@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlab.engine.config import LlamaConfig
+from jaxlab.io.config import LlamaConfig
 from jaxlab.quant.formats import join_split, split_activations
 
 

@@ -35,16 +35,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxlab.engine.config import DTYPES, LlamaConfig
 from jaxlab.engine.kernels import flash_attention, paged_attention
+from jaxlab.engine.kernels.common import MASK_VALUE
 from jaxlab.engine.kvcache import KVCache, int8_bmm, quantize_kv
 from jaxlab.engine.paged import PagedKVCache, PagedLayer, read_pages, write_pages
 from jaxlab.errors import ConfigError
+from jaxlab.io.config import DTYPES, LlamaConfig
 from jaxlab.quant.formats import QuantizedMatrix, params_format
 
 Array = jax.Array
 Reduce = Callable[[Array], Array]  # applied to the row-parallel matmuls' outputs [B, T, D]
-MASK_VALUE = -1e30  # finite, so a query with no visible key (padding) gives a uniform row, not NaN
 
 
 # --------------------------------------------------------------------------------------------------
@@ -377,10 +377,13 @@ class Block(nnx.Module):
 
     def __call__(self, x, positions, cos, sin, key_positions, cache_kv=None, index=None, reduce: Reduce | None = None):
         # reduce: what joins the row-parallel outputs before the residual add (psum under tensor parallelism)
+        # named scopes: a profile (tools.profile) and the compiled program's op names read layerN/attention/...
         reduce = reduce or _identity
-        h, new_kv = self.attn(self.attn_norm(x), positions, cos, sin, key_positions, cache_kv, index)
-        x = x + reduce(h)
-        x = x + reduce(self.mlp(self.mlp_norm(x)))
+        with jax.named_scope("attention"):
+            h, new_kv = self.attn(self.attn_norm(x), positions, cos, sin, key_positions, cache_kv, index)
+            x = x + reduce(h)
+        with jax.named_scope("mlp"):
+            x = x + reduce(self.mlp(self.mlp_norm(x)))
         return x, new_kv
 
 
@@ -573,12 +576,6 @@ def init_params(cfg: LlamaConfig, key: Array | int = 0, policy: Policy | None = 
     key = jax.random.key(key) if isinstance(key, int) else key
     graphdef, state = nnx.split(Llama(cfg, policy, rngs=nnx.Rngs(params=key)))
     return Params(graphdef, state)
-
-
-def param_shapes(cfg: LlamaConfig, policy: Policy | None = None) -> dict[str, tuple[int, ...]]:
-    """Canonical name -> shape, without allocating anything."""
-    _, state = nnx.split(nnx.eval_shape(lambda: Llama(cfg, policy, rngs=nnx.Rngs(0))))
-    return {param_name(p): tuple(v.get_value().shape) for p, v in nnx.to_flat_state(state)}
 
 
 def params_from_flat(

@@ -34,12 +34,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlab.engine.config import LlamaConfig
+from jaxlab.engine.kernels.common import MASK_VALUE
 from jaxlab.engine.kvcache import int8_bmm, kv_vector_bytes, quantize_kv
+from jaxlab.io.config import LlamaConfig
 
 #: Keys per row gathered at once; a longer page table is read in blocks of this many (online softmax).
 BLOCK_TOKENS = 256
-MASK_VALUE = -1e30  # as the model's: finite, so a padding query gives a uniform row, not NaN
 
 Matmul = Callable[[str, jax.Array, jax.Array], jax.Array]  # (einsum spec, a, b) -> float32
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
-from jaxlab.engine.config import LlamaConfig
 from jaxlab.errors import InvalidRequestError, PromptTooLongError
+from jaxlab.io.config import LlamaConfig
 
 PREFILL_BUCKETS = (32, 64, 128, 256, 512)
 CACHE_BUCKETS = (256, 512, 1024, 2048, 4096, 8192)

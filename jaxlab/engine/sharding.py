@@ -31,7 +31,7 @@ Entry points: :func:`shard` (params + mesh + strategy -> :class:`Sharded`, with 
 ``decode_program``) and :func:`shard_generate`. What the programs cost (their collectives, step times,
 bytes per device) is measured in :mod:`jaxlab.lab.parallel`. Generation here is greedy (the comparison
 with the single-device :class:`~jaxlab.engine.generate.Generator` is exact token equality). The same
-code runs in one process or many (:mod:`jaxlab.engine.distributed`): inputs are built with
+code runs in one process or many (:mod:`jaxlab.distributed`): inputs are built with
 ``jax.make_array_from_callback`` when the mesh spans processes, and outputs are gathered with
 ``multihost_utils.process_allgather``.
 """

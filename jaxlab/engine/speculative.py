@@ -69,7 +69,6 @@ from jaxlab.engine.programs import Programs
 from jaxlab.engine.sampling import Sampling, SamplingParams, filter_logits
 from jaxlab.engine.steps import jit_draft, jit_prefill, jit_verify
 from jaxlab.errors import InvalidRequestError
-from jaxlab.tools.profile import CompileCounter
 
 METHODS = ("ngram", "draft")
 DEFAULT_K = 4
@@ -102,7 +101,7 @@ class SpecResult(GenerationResult):
     accepted: int = 0
     target_calls: int = 0
     draft_calls: int = 0
-    compiles: int = 0  # XLA compilations during this call (0 once warm: acceptance never changes a shape)
+    compiles: int = 0  # programs compiled during this call (0 once warm: acceptance never changes a shape)
     #: one entry per verify call: (drafts or None, the target's k+1 tokens, this row's accepted count,
     #: the batch's accepted count, which decided how many tokens were emitted)
     rounds: list = field(default_factory=list, repr=False)
@@ -351,12 +350,10 @@ class SpeculativeDecoder:
         """Generate for a batch of prompts (lists of token ids). Greedy (the default) gives exactly the
         tokens of ``Generator(params).generate(prompts, max_new_tokens, ignore_eos=...)``; stop strings and
         streaming (``on_text(row, piece)``, needs a tokenizer) work as they do there."""
-        with CompileCounter() as cc:
-            results = self._generate(
-                prompts, max_new_tokens, sampling or SamplingParams(), seed, ignore_eos, stop, on_text
-            )
+        before = len(self.programs)
+        results = self._generate(prompts, max_new_tokens, sampling or SamplingParams(), seed, ignore_eos, stop, on_text)
         for r in results:
-            r.compiles = cc.count
+            r.compiles = len(self.programs) - before
         return results
 
     def _generate(self, prompts, max_new_tokens, sampling, seed, ignore_eos, stop, on_text):

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxlab.engine.config import LlamaConfig, from_gguf_metadata
 from jaxlab.errors import ConfigError, ModelFileError
+from jaxlab.io.config import LlamaConfig, from_gguf_metadata, param_shapes
 
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
 SUPPORTED_ARCHS = ("llama",)
@@ -197,8 +197,6 @@ def load_gguf(path: str | os.PathLike, config: LlamaConfig | None = None, progre
 
     ``config`` defaults to the one the file describes; a given config is checked tensor by tensor."""
     from tqdm.auto import tqdm
-
-    from jaxlab.engine.model import param_shapes
 
     f = open_gguf(path)
     file_cfg = gguf_config(f)

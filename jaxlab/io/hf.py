@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxlab.engine.config import LlamaConfig, from_hf_config
 from jaxlab.errors import ConfigError, ModelFileError
+from jaxlab.io.config import LlamaConfig, from_hf_config, param_shapes
 
 HUB_PATTERNS = ["config.json", "*.safetensors", "*.json"]
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)  # a buffer some old checkpoints saved; recomputed by the model
@@ -201,8 +201,6 @@ def load_hf(folder_or_repo_id: str | os.PathLike, config: LlamaConfig | None = N
     ``folder_or_repo_id`` is a local folder or a hub repo id such as ``HuggingFaceTB/SmolLM2-135M-Instruct``.
     ``config`` defaults to the one ``config.json`` describes; a given config is checked tensor by tensor."""
     from tqdm.auto import tqdm
-
-    from jaxlab.engine.model import param_shapes
 
     folder, name = resolve_folder(folder_or_repo_id)
     file_cfg = hf_config(folder, name)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxlab.engine.config import LlamaConfig
 from jaxlab.errors import ModelFileError
+from jaxlab.io.config import LlamaConfig
 
 FORMAT_VERSION = 1  # bump when the mapping from model files to parameters changes
 

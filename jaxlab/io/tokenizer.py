@@ -621,3 +621,27 @@ def sanitize(text: str) -> tuple[str, list[str]]:
     if n_controls:
         report.append(f"removed {plural(n_controls, 'control character')}")
     return text, report
+
+
+def prompt_ids(
+    tokenizer,
+    text: str | None = None,
+    *,
+    messages: Sequence[Mapping] = (),
+    system: str | None = None,
+    raw: bool = False,
+) -> list[int]:
+    """The ids a model reads before its answer; the one prompt builder of the command line, the server, the
+    bench and fine-tuning. Every text is :func:`sanitize`\\ d first.
+
+    * ``raw``: ``text`` encoded as it is, no chat template (an empty text starts from BOS);
+    * else the chat template over ``messages`` (earlier turns, ``{"role", "content"}``), ``system`` as the first
+      message when there is no earlier turn, and ``text`` as the user's new turn, ready for the assistant."""
+    if raw:
+        return tokenizer.encode(sanitize(text or "")[0]) or [tokenizer.bos_id]
+    turns = [dict(m, content=sanitize(m["content"])[0]) for m in messages]
+    if system and not turns:
+        turns.append({"role": "system", "content": sanitize(system)[0]})
+    if text is not None:
+        turns.append({"role": "user", "content": sanitize(text)[0]})
+    return tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)

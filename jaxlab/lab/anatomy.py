@@ -36,10 +36,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlab.engine.config import LlamaConfig
 from jaxlab.engine.kvcache import KVCache, cache_bytes, init_cache
 from jaxlab.engine.model import Params, apply_rope, forward, rope_cos_sin
 from jaxlab.engine.steps import next_logits
+from jaxlab.io.config import LlamaConfig
 from jaxlab.lab.notebook import show_source  # noqa: F401  (notebook 03 and its tests import it from here)
 
 # --------------------------------------------------------------------------------------------------

@@ -28,9 +28,9 @@ from jax.sharding import PartitionSpec as P
 
 from jaxlab.engine.kvcache import cache_bytes
 from jaxlab.engine.mesh import CACHE_AXES, logical_to_spec, param_logical_axes, parse_mesh, rules_for
-from jaxlab.engine.model import param_shapes
 from jaxlab.engine.placement import padded_sizes
 from jaxlab.engine.sharding import Sharded
+from jaxlab.io.config import param_shapes
 from jaxlab.tools.profile import count_ops
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")

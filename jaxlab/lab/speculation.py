@@ -1,4 +1,5 @@
-"""Speculative decoding, measured: acceptance and speed-up by task type (:func:`measure`), how well an
+"""Speculative decoding, measured: acceptance and speed-up by task type (:func:`measure`, the bench's own, from
+:mod:`jaxlab.bench.speculative`), how well an
 early exit of the model guesses (:func:`early_exit_agreement`), the cost model (:func:`step_costs`,
 :func:`expected_speedup`), the rejection rule's output distribution (:func:`first_token_frequencies`),
 and the rounds shown and plotted for notebook 10 and ``jaxlab bench``.
@@ -7,161 +8,31 @@ The decoder itself is :mod:`jaxlab.engine.speculative`."""
 from __future__ import annotations
 
 import time
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlab.engine.generate import Generator
+from jaxlab.bench.speculative import TASK_PROMPTS, TASK_TYPES, measure  # noqa: F401  (notebook 10 reads them here)
 from jaxlab.engine.kvcache import left_pad
 from jaxlab.engine.model import Params, forward
 from jaxlab.engine.sampling import SamplingParams
 from jaxlab.engine.speculative import (
     DEFAULT_DRAFT_LAYERS,
     DEFAULT_K,
-    METHODS,
     SpecResult,
     SpeculativeDecoder,
     speculative_sample,
 )
 from jaxlab.errors import InvalidRequestError
-
-# --------------------------------------------------------------------------------------------------
-# Measuring: acceptance and speed-up by task type
-# --------------------------------------------------------------------------------------------------
-
-PARAGRAPH = (
-    "The lighthouse stood on a rock at the end of the harbour. Every evening the keeper climbed "
-    "the stairs, lit the lamp and watched the ships come home before the storm."
-)
-CODE = "def area(width, height):\n    retrun width * height\n\nprint(area(3, 4))"
-
-#: Prompts by task (all 65-128 tokens with the chat template: one prefill bucket): three whose
-#: answer copies from the prompt, and one open-ended.
-TASK_PROMPTS: dict[str, list[str]] = {
-    "copy: repeat": [f"Repeat this text exactly: {PARAGRAPH}"],
-    "copy: fix code": [f"Fix the typo in this code and show the corrected code:\n{CODE}"],
-    "copy: extract": [
-        "Extract the names of the people from this text and list them: Alice met Bob at the "
-        "station at noon, then Carol and Dave joined them for lunch with Eve, and Frank came late."
-    ],
-    "open-ended": [
-        "Write a short story about a robot who learns to paint. Give the robot a name, describe "
-        "the studio where it works, and tell what the other robots think of its first picture."
-    ],
-}
-
-
-#: The same, grouped by task *type* (with a second open-ended prompt): rows for ``jaxlab bench``.
-TASK_TYPES: dict[str, list[str]] = {
-    "copy-heavy": [p for task, ps in TASK_PROMPTS.items() if task.startswith("copy") for p in ps],
-    "open-ended": TASK_PROMPTS["open-ended"]
-    + [
-        "Write a short poem about the sea at night, in four lines, with the moon, a boat and a lighthouse in it, "
-        "and say in one sentence afterwards what the poem is about."
-    ],
-}
+from jaxlab.io.tokenizer import prompt_ids
 
 
 def chat_prompt(tokenizer, text: str) -> list[int]:
-    """A user message rendered with the model's chat template, ready for the assistant's reply."""
-    return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
-
-
-def measure(
-    params: Params,
-    tokenizer,
-    prompts_by_task: Mapping[str, Sequence] | None = None,
-    k: int = DEFAULT_K,
-    max_new_tokens: int = 32,
-    methods: Sequence[str] = METHODS,
-    draft_layers: int = DEFAULT_DRAFT_LAYERS,
-    repeats: int = 2,
-    batch: int = 1,
-    generator: Generator | None = None,
-    outputs: dict | None = None,
-) -> list[dict]:
-    """Acceptance and decode speed-up against plain greedy (:class:`jaxlab.Generator`), by task.
-
-    Prompts are texts (wrapped in the chat template) or id lists. With ``batch`` 1 each prompt runs
-    alone; otherwise each task's prompts are cycled to fill one batch. Plain and speculative runs of a
-    prompt are interleaved ``repeats`` times and the fastest of each is kept (a shared machine's load
-    comes in bursts); a run that compiled anything is run again, so no timing includes compilation.
-    Returns one row per (task, method): task, method, k, batch, acceptance (fraction of draft tokens
-    kept), tokens/call (decode-phase tokens per target-model call; plain decoding: 1), plain and
-    speculative decode tokens/s, speed-up, and identical ("yes" when every row's tokens equal plain
-    greedy's). Pass ``generator`` to reuse a :class:`jaxlab.Generator` (and its compiled programs)
-    for the baseline, and a dict as ``outputs`` to receive each task's prompts and plain greedy
-    tokens (``{task: (prompt id lists, generated id lists)}``)."""
-    prompts_by_task = TASK_PROMPTS if prompts_by_task is None else prompts_by_task
-    as_ids = {
-        task: [chat_prompt(tokenizer, p) if isinstance(p, str) else list(p) for p in ps]
-        for task, ps in prompts_by_task.items()
-    }
-    batches = {
-        task: ([[p] for p in ps] if batch == 1 else [[ps[i % len(ps)] for i in range(batch)]])
-        for task, ps in as_ids.items()
-    }
-    plain = generator or Generator(params, tokenizer)
-    decoders = {m: SpeculativeDecoder(params, tokenizer, method=m, k=k, draft_layers=draft_layers) for m in methods}
-    runners = {
-        "plain": (
-            lambda ps: plain.generate(ps, max_new_tokens, ignore_eos=True),
-            lambda res: res[0].compile_seconds > 0,
-        )
-    }
-    for m, dec in decoders.items():
-        runners[m] = (lambda ps, dec=dec: dec.generate(ps, max_new_tokens), lambda res: res[0].compiles > 0)
-
-    rows = []
-    for task, group in batches.items():
-        totals = {
-            name: {"secs": 0.0, "tokens": 0, "proposed": 0, "accepted": 0, "calls": 0, "same": True} for name in runners
-        }
-        reference = []
-        for prompts in group:
-            best: dict = {}
-            for _ in range(max(1, repeats)):
-                for name, (run, compiled) in runners.items():
-                    res = run(prompts)
-                    while compiled(res):
-                        res = run(prompts)
-                    secs = max(r.decode_seconds for r in res)
-                    if name not in best or secs < best[name][0]:
-                        best[name] = (secs, res)
-            ref = [r.generated_ids for r in best["plain"][1]]
-            reference.append(ref)
-            for name, (secs, res) in best.items():
-                t = totals[name]
-                t["secs"] += secs
-                t["tokens"] += sum(len(r.generated_ids) - 1 for r in res)
-                if name != "plain":
-                    t["proposed"] += sum(r.proposed for r in res)
-                    t["accepted"] += sum(r.accepted for r in res)
-                    t["calls"] += res[0].target_calls * len(res)
-                    t["same"] &= [r.generated_ids for r in res] == ref
-        if outputs is not None:
-            outputs[task] = ([p for prompts in group for p in prompts], [g for ref in reference for g in ref])
-        plain_tps = totals["plain"]["tokens"] / totals["plain"]["secs"]
-        for m in decoders:
-            t = totals[m]
-            spec_tps = t["tokens"] / t["secs"]
-            rows.append(
-                {
-                    "task": task,
-                    "method": m if m == "ngram" else f"draft L={draft_layers}",
-                    "k": k,
-                    "batch": batch,
-                    "acceptance": t["accepted"] / t["proposed"] if t["proposed"] else float("nan"),
-                    "tokens/call": t["tokens"] / t["calls"],
-                    "plain tok/s": plain_tps,
-                    "spec tok/s": spec_tps,
-                    "speed-up": spec_tps / plain_tps,
-                    "identical": "yes" if t["same"] else "no",
-                }
-            )
-    return rows
+    """A user message rendered with the model's chat template, ready for the assistant's reply
+    (:func:`jaxlab.io.tokenizer.prompt_ids`)."""
+    return prompt_ids(tokenizer, text)
 
 
 def _exit_tokens(params: Params, tokens, positions, layers: tuple, n_score: int):

@@ -9,9 +9,9 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlab.engine.config import LlamaConfig
 from jaxlab.engine.model import params_from_flat
 from jaxlab.errors import ConfigError, ModelFileError
+from jaxlab.io.config import LlamaConfig
 from jaxlab.quant.formats import STORE_VERSION, QuantizedMatrix, params_format
 
 

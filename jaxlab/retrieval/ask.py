@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jaxlab.errors import InvalidRequestError
+from jaxlab.io.tokenizer import prompt_ids
 
 SYSTEM = (
     "You answer questions about JAX, Flax and NumPy. Use the numbered passages. Name the function or class that "
@@ -37,6 +38,20 @@ def messages_for(question: str, passages=()) -> list[dict]:
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"{body}\n\nQuestion: {question}"}]
 
 
+def docs_index(progress: bool = False, log=None):
+    """The dense index over the docs corpus (:mod:`jaxlab.retrieval.corpus`) with the embedded encoder: built the
+    first time, then read from the cache folder. ``log(line)`` is told how long a first build took."""
+    from jaxlab.engine.encoder import load_embedder
+    from jaxlab.retrieval import corpus
+    from jaxlab.retrieval.index import load_or_build
+
+    chunks, info = corpus.build_corpus()
+    index, how = load_or_build(load_embedder(), chunks, info["hash"], progress=progress)
+    if not how["cached"] and log is not None:
+        log(f"indexed {info['chunks']} chunks of the docs in {how['seconds']:.0f} s (cached)")
+    return index
+
+
 def retrieve(index, questions: list[str], k: int) -> list[list]:
     ids, _ = index.search(questions, k)
     return [[index.chunks[int(i)] for i in row] for row in ids]
@@ -48,7 +63,7 @@ def ask(engine, tokenizer, index, question: str, k: int = 3, max_new_tokens: int
     if k < 1:
         raise InvalidRequestError(f"k must be >= 1 passages, got {k}")
     sources = retrieve(index, [question], k)[0] if index is not None else []
-    ids = tokenizer.apply_chat_template(messages_for(question, sources), add_generation_prompt=True, tokenize=True)
+    ids = prompt_ids(tokenizer, messages=messages_for(question, sources))
     stream = engine.add_request(ids, max_new_tokens=max_new_tokens)
     for piece in stream:
         if on_text is not None:
@@ -66,10 +81,7 @@ def answer_rate(engine, tokenizer, index, questions: list[dict], k: int = 3, max
     retrieval); the share whose answer contains one of its facts."""
     qs = [q["question"] for q in questions]
     sources = retrieve(index, qs, k) if index is not None else [[] for _ in qs]
-    prompts = [
-        tokenizer.apply_chat_template(messages_for(q, s), add_generation_prompt=True, tokenize=True)
-        for q, s in zip(qs, sources)
-    ]
+    prompts = [prompt_ids(tokenizer, messages=messages_for(q, s)) for q, s in zip(qs, sources)]
     results = engine.generate(prompts, max_new_tokens=max_new_tokens)
     hits = [contains_fact(r.text, q["facts"]) for r, q in zip(results, questions)]
     return {

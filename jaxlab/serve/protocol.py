@@ -218,12 +218,12 @@ def parse_request(body: dict, kind: str, *, model_name: str, tokenizer, context:
             code="model_not_found",
         )
     if kind == "chat":
-        from jaxlab.io.tokenizer import sanitize
+        from jaxlab.io.tokenizer import prompt_ids as build_prompt
 
-        messages = [dict(m, content=sanitize(m["content"])[0]) for m in _messages(body)]
+        messages = _messages(body)
         if messages[-1]["role"] == "assistant":
             raise bad("the last message must be the user's (or the system's), not the assistant's", "messages")
-        prompt_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        prompt_ids = build_prompt(tokenizer, messages=messages)
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, str):

@@ -323,8 +323,8 @@ def top_ops(trace_dir: str | os.PathLike, n: int = 10, hlo: str | None = None, b
 def tiny_params(seed: int = 0) -> Params:
     """The ``tiny`` config with random weights drawn by numpy (the same in every process), large
     enough that greedy tokens vary from step to step."""
-    from jaxlab.engine.config import tiny
-    from jaxlab.engine.model import param_shapes, params_from_flat
+    from jaxlab.engine.model import params_from_flat
+    from jaxlab.io.config import param_shapes, tiny
 
     cfg, rng = tiny(), np.random.default_rng(seed)
     flat = {

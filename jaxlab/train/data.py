@@ -22,6 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from jaxlab.errors import InvalidRequestError
+from jaxlab.io.tokenizer import prompt_ids
 
 BUCKET = 16  # batches are padded to a multiple of this many tokens (and answers to a multiple of ANSWER_BUCKET)
 ANSWER_BUCKET = 16
@@ -61,16 +62,9 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
     return out
 
 
-def chat_prompt(tokenizer, prompt: str) -> list[int]:
-    """The ids the model sees before its answer: the chat template with the prompt as the user's turn."""
-    return tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
-    )
-
-
 def encode_example(tokenizer, example: dict) -> tuple[list[int], int]:
     """(all ids: the chat prompt, the answer, end of turn; how many of them are the prompt)."""
-    prompt = chat_prompt(tokenizer, example["prompt"])
+    prompt = prompt_ids(tokenizer, example["prompt"])
     answer = tokenizer.encode(example["answer"]) + [tokenizer.eos_id]
     return prompt + answer, len(prompt)
 

@@ -29,6 +29,7 @@ import numpy as np
 from jaxlab.engine.generate import Generator
 from jaxlab.engine.model import Params
 from jaxlab.errors import ConfigError, InvalidRequestError
+from jaxlab.io.tokenizer import prompt_ids
 from jaxlab.tools.hardware import cpu_name
 from jaxlab.train import data, lora, step
 from jaxlab.train.task import score
@@ -215,7 +216,7 @@ def evaluate(
     gen = Generator(params, tokenizer)
     replies = []
     for i in tqdm(range(0, len(examples), batch_size), desc="evaluating", disable=progress is False, leave=False):
-        prompts = [data.chat_prompt(tokenizer, e["prompt"]) for e in examples[i : i + batch_size]]
+        prompts = [prompt_ids(tokenizer, e["prompt"]) for e in examples[i : i + batch_size]]
         replies += [r.text for r in gen.generate(prompts, max_new_tokens=max_new_tokens)]
     scores = [score(r, e["answer"]) for r, e in zip(replies, examples)]
     return {

@@ -72,7 +72,7 @@ import jax
 
 import jaxlab
 from jaxlab.io import assets
-from jaxlab import cli
+from jaxlab.tools import about
 from jaxlab.lab.exercises import nb00
 from jaxlab.lab.notebook import check, setup, show_source, table, verdict
 from jaxlab.tools.reference import compare_greedy, golden_criteria, load_golden
@@ -137,12 +137,12 @@ print("a fresh process with the flag sees:", out.stdout.strip())
 #
 # In a terminal, `jaxlab info` prints the versions, devices, matmul precision, the model file and the
 # cache folders: paste it into any bug report. Here we print the same text from inside the kernel
-# (`cli.format_info(cli.info())`) instead of starting `jaxlab info` as a second process: on a Colab
+# (`about.format_info(about.info())`) instead of starting `jaxlab info` as a second process: on a Colab
 # TPU this kernel holds the chip, and a second process would fall back to the CPU and describe the
 # wrong device. (Paths and versions vary, so this output is not checked.)
 
 # %% tags=["nbval-ignore-output"]
-print(cli.format_info(cli.info()))  # what `jaxlab info` prints in a terminal, for the device this kernel holds
+print(about.format_info(about.info()))  # what `jaxlab info` prints in a terminal, for the device this kernel holds
 
 # %% [markdown]
 # ## The model
@@ -159,7 +159,7 @@ print(cli.format_info(cli.info()))  # what `jaxlab info` prints in a terminal, f
 # their outputs differ slightly too; every reference in the lab is made from the same GGUF file.
 
 # %%
-info = cli.info()
+info = about.info()
 model_file = Path(info["model"])
 print("model file:", model_file.name)
 print("from the wheel:", assets.SMOLLM2_135M.pip_spec)

@@ -58,7 +58,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jaxlab
-from jaxlab.engine import distributed, placement, sharding
+from jaxlab import distributed
+from jaxlab.engine import placement, sharding
 from jaxlab.engine.mesh import (CACHE_AXES, RULES, STRATEGIES, describe_mesh, fit_mesh, format_mesh, logical_to_spec,
                                 make_mesh, mesh_devices, mesh_shape, param_logical_axes, rules_for)
 from jaxlab.engine.kvcache import left_pad
@@ -490,9 +491,9 @@ _ = check("two processes generate what one process does", all(r["tokens"] == wan
 # To launch it by hand, start the same command in two terminals (or with `&`), changing only the id:
 #
 # ```bash
-# XLA_FLAGS=--xla_force_host_platform_device_count=2 python -m jaxlab.engine.distributed \
+# XLA_FLAGS=--xla_force_host_platform_device_count=2 python -m jaxlab.distributed \
 #     --process-id 0 --num-processes 2 --port 12355 --mesh data=2,model=2
-# XLA_FLAGS=--xla_force_host_platform_device_count=2 python -m jaxlab.engine.distributed \
+# XLA_FLAGS=--xla_force_host_platform_device_count=2 python -m jaxlab.distributed \
 #     --process-id 1 --num-processes 2 --port 12355 --mesh data=2,model=2
 # ```
 #
@@ -507,7 +508,7 @@ _ = check("two processes generate what one process does", all(r["tokens"] == wan
 # gcloud compute tpus tpu-vm ssh MY_TPU --zone=ZONE --worker=all \
 #     --command="pip install 'jax[tpu]==0.10.2' 'jaxlab @ git+https://github.com/jaxlab/jaxlab@v0.1.0'"
 # gcloud compute tpus tpu-vm ssh MY_TPU --zone=ZONE --worker=all \
-#     --command="python -m jaxlab.engine.distributed --pod --mesh data=2,model=4"
+#     --command="python -m jaxlab.distributed --pod --mesh data=2,model=4"
 # ```
 #
 # Two rules keep a multi-process program correct: every process must run the same jitted programs in

@@ -27,7 +27,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from jaxlab.engine import model as engine_model
-from jaxlab.engine.config import tiny
+from jaxlab.io.config import tiny
 from jaxlab.engine.loading import load
 from jaxlab.engine.model import forward, init_params
 from jaxlab.io import export

@@ -31,7 +31,7 @@ from jaxlab.bench import (
     targets,
     ttft,
 )
-from jaxlab.engine.config import smollm2_135m, tiny
+from jaxlab.io.config import smollm2_135m, tiny
 
 # --------------------------------------------------------------------------------------------------
 # Pure helpers

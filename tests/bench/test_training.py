@@ -1,7 +1,7 @@
 """`jaxlab bench --train`'s arithmetic: model FLOPs of a step, and the report's rows."""
 
 from jaxlab.bench.training import render_training, training_flops
-from jaxlab.engine.config import tiny
+from jaxlab.io.config import tiny
 
 
 def test_training_flops_count_layers_attention_and_head_by_hand():

@@ -15,7 +15,6 @@ import pytest
 
 from jaxlab import cli, quant
 from jaxlab.engine import loading
-from jaxlab.engine.config import tiny
 from jaxlab.engine.model import (
     backend_default_dtype,
     backend_numerics,
@@ -25,6 +24,7 @@ from jaxlab.engine.model import (
     init_params,
 )
 from jaxlab.errors import ConfigError
+from jaxlab.io.config import tiny
 from jaxlab.tools.reference import check_golden, golden_criteria, judge_golden, load_golden, measure_golden
 
 

@@ -7,12 +7,12 @@ import random
 import numpy as np
 import pytest
 
-from jaxlab.engine.config import tiny
 from jaxlab.engine.continuous import Engine
 from jaxlab.engine.generate import Generator
 from jaxlab.engine.model import init_params
 from jaxlab.engine.sampling import SamplingParams
 from jaxlab.errors import InvalidRequestError
+from jaxlab.io.config import tiny
 from jaxlab.tools.profile import CompileCounter
 
 

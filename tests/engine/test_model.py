@@ -135,3 +135,27 @@ def test_a_gpu_without_the_triton_path_gets_a_clear_error():
     for cc in ("7.5", None):  # a T4; a GPU that does not say
         with pytest.raises(ConfigError, match="use --attention xla"):
             check_pallas_device(SimpleNamespace(platform="gpu", compute_capability=cc))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("preset", ["tiny", "smollm2_135m"])
+def test_the_files_contract_is_what_the_model_holds(preset, tied):
+    """``jaxlab.io.config.param_shapes`` (what the readers check a file against) names and shapes exactly the model's
+    parameters."""
+    from flax import nnx
+
+    from jaxlab.engine.model import Llama, param_name
+    from jaxlab.io import config
+
+    cfg = getattr(config, preset)().replace(tie_embeddings=tied)
+    _, state = nnx.split(nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0))))
+    held = {param_name(p): tuple(v.get_value().shape) for p, v in nnx.to_flat_state(state)}
+    assert config.param_shapes(cfg) == held
+
+
+def test_a_compiled_step_names_each_layers_attention_and_mlp(params, batch):
+    """Profiles and HLO read by part: every layer's attention and MLP run under their own ``named_scope``."""
+    tokens, positions = batch
+    hlo = jax.jit(forward).lower(params, tokens, positions, None).as_text(debug_info=True)
+    for i in range(params.config.n_layers):
+        assert f"layer{i}/attention/" in hlo and f"layer{i}/mlp/" in hlo, i

@@ -11,10 +11,10 @@ import pytest
 from conftest import jit_forward
 
 from jaxlab.engine import paged
-from jaxlab.engine.config import tiny
 from jaxlab.engine.kvcache import cache_bytes, init_cache, left_pad
 from jaxlab.engine.model import forward, init_params
 from jaxlab.engine.paged import PagedKVCache, init_paged_cache, paged_cache_bytes
+from jaxlab.io.config import tiny
 
 
 def greedy_steps(params, first, prompts, cache, steps, fwd=jit_forward):

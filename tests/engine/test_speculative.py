@@ -14,9 +14,10 @@ from jaxlab.engine import speculative as spec
 from jaxlab.engine import steps
 from jaxlab.engine.generate import Generator
 from jaxlab.engine.kvcache import init_cache, left_pad, rollback
-from jaxlab.engine.model import forward, param_shapes, params_from_flat
+from jaxlab.engine.model import forward, params_from_flat
 from jaxlab.engine.sampling import SamplingParams
 from jaxlab.errors import InvalidRequestError
+from jaxlab.io.config import param_shapes
 from jaxlab.lab import speculation
 from jaxlab.lab.exercises import nb10
 from jaxlab.tools.profile import CompileCounter

@@ -3,6 +3,9 @@ is imported to check them, so a module that fails to import still gets its verdi
 
 - no import cycles among jaxlab modules (every import counts: top level or inside a function);
 - the engine imports nothing from ``lab``, ``bench`` or the faces (``cli``, ``colab``, ``serve``);
+- every room imports only the rooms below it (:data:`ROOMS`): ``io`` (configuration, files, the tokenizer) is the
+  ground floor and imports no engine module, the engine measures nothing (no ``tools``), ``bench`` imports no
+  ``lab`` (the notebooks' helpers read the bench, never the reverse);
 - no private name (``_x``) is used outside its module: not imported (``from m import _x``), not read as an
   attribute of an imported module (``quant._unpack``), not patched by name (``setattr(m, "_x", ...)``);
 - no module under jaxlab/ is longer than 800 lines;
@@ -29,7 +32,27 @@ ABOVE_ENGINE = (
     "jaxlab.serve",
     "jaxlab.retrieval",
     "jaxlab.train",
+    "jaxlab.distributed",
 )
+#: What each room (a package or a top-level module of jaxlab) may import besides itself. "jaxlab" is the package's
+#: __init__. quant and the engine meet at the linear layer's hook, so each may import the other.
+FACES = ("cli", "colab", "serve", "distributed")
+ROOMS: dict[str, set[str]] = {
+    "errors": set(),
+    "io": {"errors"},
+    "quant": {"errors", "io", "engine"},
+    "engine": {"errors", "io", "quant"},
+    "jaxlab": {"errors", "io", "engine"},
+    "tools": {"errors", "io", "engine", "quant"},
+    "retrieval": {"errors", "io", "engine", "tools"},
+    "train": {"errors", "io", "engine", "quant", "tools"},
+    "bench": {"errors", "io", "engine", "quant", "tools", "retrieval", "train", "jaxlab"},
+    "lab": {"errors", "io", "engine", "quant", "tools", "retrieval", "train", "jaxlab", "bench"},
+    "colab": set(),  # standard library only: it runs before jaxlab's dependencies are installed
+    "serve": {"errors", "io", "engine", "quant", "tools"},
+    "distributed": {"errors", "io", "engine", "tools"},
+    "cli": {"errors", "io", "engine", "quant", "tools", "retrieval", "train", "bench", "lab", "serve", "jaxlab"},
+}
 MAX_LINES = 800
 # Where Python lives in this repository: the package, its tests, the scripts, the benchmark scripts and the
 # notebooks' committed text sources (with the exercises' solutions they load).
@@ -182,6 +205,28 @@ def layering_offenders(edges: list[Edge], low: str = ENGINE, above: tuple[str, .
         for e in edges
         if within(e.src, low) and any(within(e.dst, a) for a in above)
     ]
+
+
+def room(module: str) -> str:
+    """The room of a jaxlab module: its first name below the package ("jaxlab.engine.model" -> "engine")."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def room_offenders(edges: list[Edge], rooms: dict[str, set[str]] = ROOMS) -> list[str]:
+    """Imports from a room into one it may not import (and rooms the table does not know)."""
+    out = []
+    for e in edges:
+        src, dst = room(e.src), room(e.dst)
+        if src == dst:
+            continue
+        if src not in rooms:
+            out.append(f"{e.where}: the room {src!r} is not in ROOMS: say what it may import")
+        elif dst not in rooms[src]:
+            out.append(
+                f"{e.where}: {e.src} imports {e.dst} ({src} may import {', '.join(sorted(rooms[src])) or 'nothing of jaxlab'})"
+            )
+    return out
 
 
 # --- c. private names --------------------------------------------------------------------------------------
@@ -359,6 +404,18 @@ def test_engine_imports_nothing_above_it():
     assert not offenders, _report(f"import(s) from the engine into {', '.join(ABOVE_ENGINE)}", offenders)
 
 
+def test_every_room_imports_only_the_rooms_below_it():
+    offenders = room_offenders(import_edges(ROOT))
+    assert not offenders, _report("import(s) across floors", offenders)
+
+
+def test_every_room_is_in_the_table():
+    rooms = {room(m) for m in modules(ROOT)}
+    assert rooms == set(ROOMS), (
+        f"rooms without a line in ROOMS: {sorted(rooms - set(ROOMS))}; lines without a room: {sorted(set(ROOMS) - rooms)}"
+    )
+
+
 def test_no_private_name_used_outside_its_module():
     offenders = all_private_uses(ROOT)
     assert not offenders, _report(
@@ -395,6 +452,28 @@ def write(root: Path, files: dict[str, str]) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     return root
+
+
+def test_a_room_importing_above_its_floor_is_found(tmp_path):
+    root = write(
+        tmp_path,
+        {
+            "jaxlab/__init__.py": "",
+            "jaxlab/io/__init__.py": "",
+            "jaxlab/io/gguf.py": "from jaxlab.engine.config import LlamaConfig\n",
+            "jaxlab/engine/__init__.py": "",
+            "jaxlab/engine/config.py": "def f():\n    from jaxlab.tools import profile\n",
+            "jaxlab/engine/model.py": "from jaxlab.io import gguf\n",  # downward: fine
+            "jaxlab/tools/__init__.py": "",
+            "jaxlab/tools/profile.py": "",
+            "jaxlab/newroom/__init__.py": "from jaxlab.io import gguf\n",
+        },
+    )
+    found = room_offenders(import_edges(root))
+    assert any("jaxlab/io/gguf.py:1: jaxlab.io.gguf imports jaxlab.engine.config" in f for f in found)
+    assert any("jaxlab/engine/config.py:2: jaxlab.engine.config imports jaxlab.tools.profile" in f for f in found)
+    assert any("'newroom' is not in ROOMS" in f for f in found)
+    assert len(found) == 3, found
 
 
 def test_a_cycle_is_found_with_its_lines(tmp_path):

@@ -49,6 +49,7 @@ def offline(cmd: list) -> tuple[list, str]:
     return cmd, f"no index and an unreachable proxy ({UNREACHABLE})"
 
 
+@pytest.mark.install
 @pytest.mark.slow
 def test_wheelhouse_installs_the_lab_and_runs_notebook_00_with_no_network(tmp_path):
     house = tmp_path / "wheelhouse"

@@ -22,9 +22,9 @@ import pytest
 from conftest import jit_forward
 
 from jaxlab.cli import build_parser, main
-from jaxlab.engine.config import tiny
-from jaxlab.engine.model import param_shapes, params_from_flat
+from jaxlab.engine.model import params_from_flat
 from jaxlab.errors import ConfigError, ExportError
+from jaxlab.io.config import param_shapes, tiny
 from jaxlab.io.export import GGUF_QTYPES, HF_DTYPES, export, export_gguf, export_hf, gguf_tokenizer_metadata
 from jaxlab.io.gguf import load_gguf
 from jaxlab.io.hf import load_hf

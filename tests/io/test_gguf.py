@@ -20,9 +20,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jaxlab.engine.config import smollm2_135m, tiny
-from jaxlab.engine.model import apply_rope, forward, param_shapes, params_from_flat, rope_cos_sin
+from jaxlab.engine.model import apply_rope, forward, params_from_flat, rope_cos_sin
 from jaxlab.errors import ModelFileError
+from jaxlab.io.config import param_shapes, smollm2_135m, tiny
 from jaxlab.io.gguf import gguf_config, load_gguf, open_gguf, permute_qk, unpermute_qk, write_gguf
 
 # tiny's odd head counts (6 query heads, 2 KV heads, head_dim != dim // n_heads), but every row that

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from conftest import load_solution
 
-from jaxlab.engine.config import tiny
 from jaxlab.engine.kvcache import init_cache, left_pad, rollback
 from jaxlab.engine.model import init_params
+from jaxlab.io.config import tiny
 from jaxlab.lab import anatomy as ji
 from jaxlab.lab.exercises import nb03, nb05
 

@@ -62,9 +62,9 @@ def test_stored_trace_equals_the_recorded_bench_run():
 
 
 def test_pool_figure_marks_shared_pages():
-    from jaxlab.engine.config import tiny
     from jaxlab.engine.continuous import Engine
     from jaxlab.engine.model import init_params
+    from jaxlab.io.config import tiny
 
     eng = Engine(init_params(tiny(), 0), slots=2, page_size=4, chunk=8, context=64)
     shared = [1] + list(range(10, 20))

@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlab.engine.config import tiny
 from jaxlab.engine.kvcache import left_pad
 from jaxlab.engine.model import Attention, default_policy, rope_cos_sin
+from jaxlab.io.config import tiny
 from jaxlab.lab import masks
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 import jaxlab
-from jaxlab.engine.config import smollm2_135m
 from jaxlab.engine.kvcache import cache_bytes
 from jaxlab.engine.placement import padded_sizes
+from jaxlab.io.config import smollm2_135m
 from jaxlab.lab import parallel
 
 
@@ -98,7 +98,7 @@ assert sorted(op for _, op in parallel.all_reduce_ops(seq.hlo)) == ["add", "add"
 grid = make_mesh({"data": 2, "model": 4}, jax.devices())
 w = jax.device_put(jax.numpy.zeros((8, 12)), NamedSharding(grid, P(None, "model")))
 assert [ids for _, ids in parallel.owners(w)] == [[0, 4], [1, 5], [2, 6], [3, 7]]
-from jaxlab.engine.config import tiny
+from jaxlab.io.config import tiny
 from jaxlab.engine.model import init_params
 assert parallel.data_parallel_gain(init_params(tiny(), 0), jax.devices(), batch=8, repeats=1) > 0
 print("ok")

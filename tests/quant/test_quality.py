@@ -16,10 +16,10 @@ import pytest
 from conftest import hf_llama_tensors
 
 from jaxlab import quant
-from jaxlab.engine.config import tiny
 from jaxlab.engine.generate import Generator
 from jaxlab.engine.kvcache import cache_bytes
 from jaxlab.engine.model import forward, init_params, params_from_flat
+from jaxlab.io.config import tiny
 from jaxlab.quant import quality
 
 ROOT = Path(__file__).resolve().parents[2]

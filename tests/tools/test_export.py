@@ -99,7 +99,8 @@ def test_run_exported_names_the_argument_that_does_not_fit(tiny, exported):
     with pytest.raises(ConfigError, match="tokens"):
         one = jnp.zeros((1,), jnp.int32)
         export.run_exported(exported, tiny, one, one, init_cache(tiny.config, 2, CACHE))
-    from jaxlab.engine.model import param_shapes, params_from_flat
+    from jaxlab.engine.model import params_from_flat
+    from jaxlab.io.config import param_shapes
 
     cfg = tiny.config.replace(n_layers=2)  # zeros from NumPy: only the tree's size matters here
     shallower = params_from_flat(cfg, {n: np.zeros(s, np.float32) for n, s in param_shapes(cfg).items()})

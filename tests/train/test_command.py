@@ -6,9 +6,9 @@ import pytest
 from conftest import one_clean_line, run_main
 
 from jaxlab.cli import main
-from jaxlab.engine.config import tiny
 from jaxlab.engine.model import init_params
 from jaxlab.errors import ConfigError
+from jaxlab.io.config import tiny
 from jaxlab.train import lora
 
 

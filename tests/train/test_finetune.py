@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from test_data import CharTokenizer
 
-from jaxlab.engine.config import tiny
 from jaxlab.engine.model import init_params
 from jaxlab.errors import ConfigError
+from jaxlab.io.config import tiny
 from jaxlab.train import finetune, lora, step
 
 EXAMPLES = [{"prompt": f"what is {i} plus {i}?", "answer": str(2 * i)} for i in range(24)]

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from conftest import jit_forward as forward
 
-from jaxlab.engine.config import tiny
 from jaxlab.engine.model import Policy, init_params
 from jaxlab.errors import ConfigError, ModelFileError
+from jaxlab.io.config import tiny
 from jaxlab.quant import quantize_params
 from jaxlab.quant.formats import QuantizedMatrix
 from jaxlab.train import lora

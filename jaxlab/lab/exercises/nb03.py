@@ -9,7 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlab.engine.model import MASK_VALUE, apply_rope, rope_cos_sin
+from jaxlab.engine.kernels.common import MASK_VALUE
+from jaxlab.engine.model import apply_rope, rope_cos_sin
 from jaxlab.lab.exercises import check_function
 
 

@@ -7,8 +7,8 @@ from typing import Callable
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlab.engine.config import LlamaConfig
 from jaxlab.engine.kvcache import cache_bytes
+from jaxlab.io.config import LlamaConfig
 from jaxlab.lab.anatomy import write_kv
 from jaxlab.lab.exercises import check_function
 

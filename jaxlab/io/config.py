@@ -171,3 +171,28 @@ def from_hf_config(cfg: Mapping[str, Any], name: str = "hf") -> LlamaConfig:
         pad_id=int(cfg.get("pad_token_id") if cfg.get("pad_token_id") is not None else eos),
         name=name,
     )
+
+
+def param_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """Canonical parameter name -> shape: the names and shapes a model file must provide, and what the readers
+    (:mod:`jaxlab.io.gguf`, :mod:`jaxlab.io.hf`) check a checkpoint against. Kernels are stored ``[in, out]``
+    (``x @ w``); the model's modules hold exactly these (tests/engine/test_model.py)."""
+    d, hd, f = cfg.dim, cfg.head_dim, cfg.ffn_dim
+    shapes = {"embed": (cfg.vocab_size, d)}
+    for i in range(cfg.n_layers):
+        p = f"layers.{i}."
+        shapes |= {
+            p + "attn_norm.weight": (d,),
+            p + "attn.wq": (d, cfg.n_heads * hd),
+            p + "attn.wk": (d, cfg.n_kv_heads * hd),
+            p + "attn.wv": (d, cfg.n_kv_heads * hd),
+            p + "attn.wo": (cfg.n_heads * hd, d),
+            p + "mlp_norm.weight": (d,),
+            p + "mlp.w_gate": (d, f),
+            p + "mlp.w_up": (d, f),
+            p + "mlp.w_down": (f, d),
+        }
+    shapes["norm.weight"] = (d,)
+    if not cfg.tie_embeddings:
+        shapes["lm_head"] = (d, cfg.vocab_size)
+    return shapes

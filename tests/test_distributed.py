@@ -2,7 +2,7 @@
 
 Each worker is a fresh Python process with 2 simulated CPU devices; together they form a 4-device
 global mesh (data=2 across the processes, model=2 inside each). The workers are started, waited for
-with a deadline and killed on failure by :func:`jaxlab.engine.distributed.run`.
+with a deadline and killed on failure by :func:`jaxlab.distributed.run`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 import jaxlab
-from jaxlab.engine import distributed
+from jaxlab import distributed
 from jaxlab.engine.generate import Generator
 from jaxlab.engine.model import init_params
 
@@ -71,7 +71,7 @@ def test_pod_mode_with_a_cpu_only_jax_ends_with_that_sentence():
 
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     p = subprocess.run(
-        [sys.executable, "-m", "jaxlab.engine.distributed", "--pod"],
+        [sys.executable, "-m", "jaxlab.distributed", "--pod"],
         capture_output=True,
         text=True,
         env=env,

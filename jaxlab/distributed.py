@@ -15,16 +15,16 @@ over gloo (``jax_cpu_collectives_implementation``). Every process calls
 
 Launch by hand (two terminals, or ``&``)::
 
-    XLA_FLAGS=--xla_force_host_platform_device_count=2 python -m jaxlab.engine.distributed \\
+    XLA_FLAGS=--xla_force_host_platform_device_count=2 python -m jaxlab.distributed \\
         --process-id 0 --num-processes 2 --port 12355 --mesh data=2,model=2
-    XLA_FLAGS=--xla_force_host_platform_device_count=2 python -m jaxlab.engine.distributed \\
+    XLA_FLAGS=--xla_force_host_platform_device_count=2 python -m jaxlab.distributed \\
         --process-id 1 --num-processes 2 --port 12355 --mesh data=2,model=2
 
 On a TPU VM or pod slice: install ``jax[tpu]`` (the version jaxlab pins) and jaxlab on every worker,
 then start the program on all of them at once (the README has the two ``gcloud ... --worker=all``
 commands)::
 
-    gcloud compute tpus tpu-vm ssh NAME --zone=ZONE --worker=all --command="python -m jaxlab.engine.distributed --pod"
+    gcloud compute tpus tpu-vm ssh NAME --zone=ZONE --worker=all --command="python -m jaxlab.distributed --pod"
 
 ``--pod`` lets ``jax.distributed.initialize()`` detect the coordinator, process count and id, checks that
 jax really runs on the accelerator (a CPU-only jax on a TPU VM would otherwise run the whole "pod" on each
@@ -92,7 +92,7 @@ def run(
     cmd = [
         sys.executable,
         "-m",
-        "jaxlab.engine.distributed",
+        "jaxlab.distributed",
         "--num-processes",
         str(num_processes),
         "--port",
@@ -198,8 +198,8 @@ def _worker(args) -> dict:
         from jaxlab.engine.sharding import shard_generate
 
         if args.model == "tiny":
-            from jaxlab.engine.config import tiny
             from jaxlab.engine.model import init_params
+            from jaxlab.io.config import tiny
 
             params = init_params(tiny(), 0)
         else:
@@ -232,9 +232,7 @@ def _worker(args) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m jaxlab.engine.distributed", description="one worker of a multi-process run"
-    )
+    p = argparse.ArgumentParser(prog="python -m jaxlab.distributed", description="one worker of a multi-process run")
     p.add_argument("--process-id", type=int, default=0)
     p.add_argument("--num-processes", type=int, default=2)
     p.add_argument("--port", type=int, default=12355)
