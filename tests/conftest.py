@@ -6,10 +6,12 @@ Hugging Face layout).
 
 Parity figures recorded with the ``parity`` fixture are printed at the end of the run.
 
-Files run longest first (``tests/durations.json``, seconds per file measured in a whole ``make test``): with
-``--dist loadfile --no-loadscope-reorder`` each of the two workers takes the longest file left, so the run ends on
-short files and neither worker idles long at the end. ``JAXLAB_DURATIONS=tests/durations.json make test`` measures
-and rewrites the table (the host's CPU and the date go with it).
+``make test`` runs the notebooks and the tests in one run, whole files per worker (``--dist loadfile
+--no-loadscope-reorder`` keeps the order given here): the notebooks first, while the workers are fresh (a worker
+grows to several GB over the tests, and two of them beside two notebook kernels did not fit in 24 GB), then the
+tests, longest file first (``tests/durations.json``, seconds per file measured in a whole ``make test``), so the
+run ends on short files and neither worker idles long at the end. ``JAXLAB_DURATIONS=tests/durations.json make
+test`` measures and rewrites the table (the host's CPU and the date go with it).
 
 One persistent compilation cache serves the whole run (``JAXLAB_COMPILE_CACHE``, unless set): a folder made
 empty for this run (by the controller of a ``pytest -n 2`` run, whose workers share it), so a run on a fresh machine and a run here cost the same, and the user's cache
@@ -34,7 +36,15 @@ from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import pytest
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+#: Every test process sees this many simulated CPU devices, so the mesh tests run in it, next to the others, and
+#: no test restarts JAX to get them. ``jax_num_cpu_devices`` is a setting of this process, not an environment
+#: variable: the command lines, servers and notebook kernels the tests start see the machine's one CPU device, as
+#: users do. Code on one device runs on the first.
+TEST_DEVICES = 8
+jax.config.update("jax_num_cpu_devices", TEST_DEVICES)
 
 _OWN_COMPILE_CACHE = None
 if "JAXLAB_COMPILE_CACHE" not in os.environ:
@@ -146,6 +156,40 @@ def load_once(monkeypatch):
 def smollm(gguf_path):
     """The embedded SmolLM2-135M (params + tokenizer), float32."""
     return load_model()
+
+
+#: Layers of :func:`small_gguf`'s model: enough for a cache, a draft (``--draft-layers 1``) and tensor-parallel
+#: blocks, few enough that its programs compile in a fraction of the embedded model's time.
+SMALL_LAYERS = 2
+
+
+@pytest.fixture(scope="session")
+def small_gguf(smollm, converted_cache):
+    """The embedded model cut to its first :data:`SMALL_LAYERS` layers (its own weights, norm, head and tokenizer) as a
+    GGUF file (F32) in the tests' cache folder: for the tests of wiring (flags, report sections, request handling)
+    that need a real file, a real tokenizer and answers that are not noise, but not the whole model. Each face keeps
+    checks on the whole model (README, "Tests"). Use it through :func:`small`, which points ``JAXLAB_CACHE`` at that
+    folder so its converted parameters stay there."""
+    from jaxlab.engine.model import params_from_flat
+    from jaxlab.io.export import export_gguf
+
+    keep = {
+        name: value
+        for name, value in smollm.params.flat().items()
+        if not name.startswith("layers.") or int(name.split(".")[1]) < SMALL_LAYERS
+    }
+    params = params_from_flat(smollm.config.replace(n_layers=SMALL_LAYERS), keep, smollm.params.policy)
+    folder = converted_cache / "test-models"
+    folder.mkdir(exist_ok=True)
+    return export_gguf(params, smollm.tokenizer, folder / "smollm2-2-layers.gguf", qtype="F32")
+
+
+@pytest.fixture
+def small(small_gguf, converted_cache, monkeypatch) -> str:
+    """``--model`` for :func:`small_gguf`, with ``JAXLAB_CACHE`` (this process and its children) set to the tests'
+    cache folder that holds it."""
+    monkeypatch.setenv("JAXLAB_CACHE", str(converted_cache))
+    return str(small_gguf)
 
 
 @pytest.fixture(scope="session")
@@ -264,14 +308,18 @@ def _file_of(nodeid: str) -> str:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Longest files first (``durations.json``); a file it does not know yet goes after them, in collection order."""
-    if not DURATIONS.exists():
-        return
-    seconds = json.loads(DURATIONS.read_text())["seconds"]
+    """Notebooks first, then test files; each longest first (``durations.json``), a file it does not know yet after
+    the known ones, in collection order."""
+    seconds = json.loads(DURATIONS.read_text())["seconds"] if DURATIONS.exists() else {}
     first_seen: dict[str, int] = {}
     for i, item in enumerate(items):
         first_seen.setdefault(_file_of(item.nodeid), i)
-    items.sort(key=lambda it: (-seconds.get(_file_of(it.nodeid), 0.0), first_seen[_file_of(it.nodeid)]))
+
+    def order(item):
+        f = _file_of(item.nodeid)
+        return (not f.endswith(".ipynb"), -seconds.get(f, 0.0), first_seen[f])
+
+    items.sort(key=order)
 
 
 def pytest_runtest_logreport(report):

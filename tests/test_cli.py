@@ -2,7 +2,12 @@
 
 Most tests call ``main`` in this process (the session's model, loaded once: ``load_once``); a few run the command
 in a subprocess, for what only a real process shows: the answer from the shell, arguments that are not UTF-8,
-8 simulated devices, and that an error leaves one line on the process's stderr."""
+8 simulated devices, and that an error leaves one line on the process's stderr.
+
+The answers of the whole model are checked once per way in (the shell, chat, quantized weights, a mesh's EOS, stop
+strings); the tests of flags and their combinations run on its first two layers (``small_gguf``: real weights and
+tokenizer, a fraction of the compile time), where what is checked is the wiring: fields, lengths, seeds, and
+that two ways of decoding give the same tokens."""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import pytest
 from conftest import one_clean_line, run_main
 
 from jaxlab.cli import main
+from jaxlab.quant import COMPUTES_IN
 
 pytestmark = pytest.mark.usefixtures("load_once")
 
@@ -34,8 +40,9 @@ def test_generate_paris(gguf_path):
     assert "Paris" in out
 
 
-def test_generate_json_batch(gguf_path, smollm, capsys):
-    assert main(["generate", "--json", "--max-new-tokens", "6", "--ignore-eos", "Hi", "Name a color."]) == 0
+def test_generate_json_batch(small, smollm, capsys):
+    args = ["generate", "--model", small, "--json", "--max-new-tokens", "6", "--ignore-eos"]
+    assert main([*args, "Hi", "Name a color."]) == 0
     rows = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
     assert [r["prompt"] for r in rows] == ["Hi", "Name a color."]
     for r in rows:
@@ -48,15 +55,17 @@ def test_generate_json_batch(gguf_path, smollm, capsys):
         )
 
 
-def test_generate_raw_and_stop(gguf_path, capsys):
-    assert main(["generate", "--raw", "--json", "--max-new-tokens", "20", "--stop", ",", "One, two, three,"]) == 0
+def test_generate_raw_and_stop(small, capsys):
+    args = ["generate", "--model", small, "--raw", "--json", "--max-new-tokens", "20", "--stop", ","]
+    assert main([*args, "One, two, three,"]) == 0
     row = json.loads(capsys.readouterr().out)
     assert row["prompt_ids"][0] != 1  # no chat template: no <|im_start|>
     assert "," not in row["text"]
 
 
-def test_sampling_seeded(gguf_path, capsys):
-    args = ["generate", "--json", "--max-new-tokens", "12", "--temperature", "1.0", "--top-p", "0.9", "--ignore-eos"]
+def test_sampling_seeded(small, capsys):
+    args = ["generate", "--model", small, "--json", "--max-new-tokens", "12", "--temperature", "1.0"]
+    args += ["--top-p", "0.9", "--ignore-eos"]
     texts = []
     for seed in ("1", "1", "2"):
         assert main(args + ["--seed", seed, "Tell me a story."]) == 0
@@ -135,24 +144,26 @@ def test_prompt_too_long(gguf_path, capsys):
 
 
 @pytest.mark.parametrize("prompt", ["", "\x00\x07bell\x1b[31m", "tab\tand\nnewline"])
-def test_odd_text_is_handled(prompt, gguf_path, capsys):
-    assert main(["generate", "--json", "--max-new-tokens", "3", "--ignore-eos", prompt]) == 0
+def test_odd_text_is_handled(prompt, small, capsys):
+    assert main(["generate", "--model", small, "--json", "--max-new-tokens", "3", "--ignore-eos", prompt]) == 0
     row = json.loads(capsys.readouterr().out)
     assert len(row["generated_ids"]) == 3
 
 
-def test_empty_raw_prompt_starts_from_bos(gguf_path, capsys):
-    assert main(["generate", "--raw", "--json", "--max-new-tokens", "3", "--ignore-eos", ""]) == 0
+def test_empty_raw_prompt_starts_from_bos(small, capsys):
+    assert main(["generate", "--model", small, "--raw", "--json", "--max-new-tokens", "3", "--ignore-eos", ""]) == 0
     assert json.loads(capsys.readouterr().out)["prompt_ids"] == [1]
 
 
-def test_invalid_utf8_from_the_shell(gguf_path):
+def test_invalid_utf8_from_the_shell(small):
     p = subprocess.run(
         [
             sys.executable,
             "-m",
             "jaxlab.cli",
             "generate",
+            "--model",
+            small,
             "--json",
             "--max-new-tokens",
             "3",
@@ -207,20 +218,11 @@ def test_info_prints_the_chip_and_its_peaks(capsys, monkeypatch):
     assert "NOTE" in text and "CPU figures" in text
 
 
-def test_mesh_matches_single_device(gguf_path, capsys):
-    """`jaxlab generate --mesh data=2,model=4` on 8 simulated CPU devices gives the single-device tokens."""
-    args = ["--max-new-tokens", "8", "--ignore-eos", "What is the capital of France?"]
+def test_mesh_matches_single_device(small, capsys):
+    """`jaxlab generate --mesh data=2,model=4` on the tests' 8 simulated CPU devices gives the single-device tokens."""
+    args = ["--model", small, "--max-new-tokens", "8", "--ignore-eos", "What is the capital of France?"]
     single = generate_json(capsys, *args)["generated_ids"]
-    code, out, err = run_cli(
-        "generate",
-        "--json",
-        *args,
-        "--mesh",
-        "data=2,model=4",
-        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"},
-    )
-    assert code == 0, err
-    assert json.loads(out)["generated_ids"] == single
+    assert generate_json(capsys, *args, "--mesh", "data=2,model=4")["generated_ids"] == single
 
 
 def test_mesh_is_greedy_only(capsys):
@@ -230,12 +232,12 @@ def test_mesh_is_greedy_only(capsys):
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft"])
-def test_speculative_gives_plain_greedy_tokens(gguf_path, capsys, method):
+def test_speculative_gives_plain_greedy_tokens(small, capsys, method):
     prompt = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox"
-    base = ["generate", "--json", "--max-new-tokens", "16", "--ignore-eos", prompt]
+    base = ["generate", "--model", small, "--json", "--max-new-tokens", "16", "--ignore-eos", prompt]
     assert main(base) == 0
     plain = json.loads(capsys.readouterr().out)["generated_ids"]
-    assert main(base + ["--speculative", method, "--draft-k", "3"]) == 0
+    assert main(base + ["--speculative", method, "--draft-k", "3", "--draft-layers", "1"]) == 0
     assert json.loads(capsys.readouterr().out)["generated_ids"] == plain
 
 
@@ -295,33 +297,31 @@ def test_generate_quant_int8_says_paris(quant_env, capsys):
     assert "Paris" in out
 
 
-def test_quant_json_fields_and_answers(quant_env, capsys):
-    plain = generate_json(capsys, "--max-new-tokens", "16", FRANCE)
-    assert (plain["quant"], plain["kv_cache"]) == (None, "float32")
-    int8 = generate_json(capsys, "--quant", "int8", "--max-new-tokens", "16", FRANCE)
-    assert (int8["quant"], int8["kv_cache"]) == ("int8", "float32")
-    assert int8["generated_ids"] == plain["generated_ids"]  # weight-only int8 keeps this answer token for token
-    int4 = generate_json(capsys, "--quant", "int4", "--group-size", "32", "--max-new-tokens", "16", FRANCE)
-    assert (int4["quant"], int4["kv_cache"]) == ("int4", "float32")
-    assert "Paris" in int4["text"]
-    # w8a8 on this model does not keep the answer: only that it runs, with its fields
-    w8a8 = generate_json(capsys, "--quant", "w8a8", "--max-new-tokens", "4", "--ignore-eos", FRANCE)
-    assert w8a8["quant"] == "w8a8" and len(w8a8["generated_ids"]) == 4
+def test_quant_json_fields(quant_env, small, capsys):
+    """Each format's fields, on the first two layers (what each format does to the whole model's answers:
+    tests/quant/test_quant.py, test_quality.py and notebook 09)."""
+    args = ["--model", small, "--max-new-tokens", "4", "--ignore-eos", FRANCE]
+    plain = generate_json(capsys, *args)
+    assert (plain["quant"], plain["kv_cache"], plain["computes_in"]) == (None, "float32", "float32 activations")
+    for fmt, extra in (("int8", []), ("int4", ["--group-size", "32"]), ("w8a8", [])):
+        row = generate_json(capsys, "--quant", fmt, *extra, *args)
+        assert (row["quant"], row["kv_cache"], len(row["generated_ids"])) == (fmt, "float32", 4)
+        assert row["computes_in"] == COMPUTES_IN[fmt]
 
 
 @pytest.mark.parametrize("quant", [[], ["--quant", "int8"]])
-def test_kv_cache_int8(quant_env, capsys, quant):
-    row = generate_json(capsys, *quant, "--kv-cache", "int8", "--max-new-tokens", "16", FRANCE)
+def test_kv_cache_int8(quant_env, small, capsys, quant):
+    row = generate_json(capsys, "--model", small, *quant, "--kv-cache", "int8", "--max-new-tokens", "4", FRANCE)
     assert row["kv_cache"] == "int8" and row["quant"] == (quant[1] if quant else None)
-    assert "Paris" in row["text"]
+    assert 1 <= len(row["generated_ids"]) <= 4
 
 
-def test_speculative_draft_on_quantized_weights(quant_env, capsys):
+def test_speculative_draft_on_quantized_weights(quant_env, small, capsys):
     """The draft model is the first layers of the quantized model; the tokens are still plain greedy's."""
     prompt = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox"
-    base = ["--quant", "int8", "--max-new-tokens", "16", "--ignore-eos", prompt]
+    base = ["--model", small, "--quant", "int8", "--max-new-tokens", "16", "--ignore-eos", prompt]
     plain = generate_json(capsys, *base)
-    spec = generate_json(capsys, *base, "--speculative", "draft", "--draft-k", "3")
+    spec = generate_json(capsys, *base, "--speculative", "draft", "--draft-k", "3", "--draft-layers", "1")
     assert spec["generated_ids"] == plain["generated_ids"] and spec["quant"] == "int8"
 
 

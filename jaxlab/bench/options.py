@@ -70,7 +70,7 @@ class Options:
     quant_formats: tuple[str, ...] = QUANT_FORMATS  # weight formats of the quantized and quality rows
     quant_kv: tuple[str, ...] = KV_FORMATS  # KV-cache formats of the same
     quality: bool = False  # jaxlab.quant.quality's report on the same formats
-    model: str | None = None  # the model of the quantized rows (--quant-only); None: the embedded GGUF
+    model: str | None = None  # the model of every row (and the peer's); None: the embedded GGUF
     attention: str = "xla"  # the float32 rows' attention: "xla" or "pallas" (the kernels; interpret mode on a CPU)
     targets: bool = False  # print the targets as PASS/MISS lines
     json: str | None = None  # write every number to this file
@@ -190,8 +190,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         default=None,
-        help="with --quant-only: the model to quantize and evaluate (a .gguf file, a HF checkpoint "
-        "folder or hub id; default: the embedded SmolLM2-135M)",
+        help="the model to measure, quantize and evaluate (a .gguf file, a HF checkpoint folder or hub id; the "
+        "peer loads the same; default: the embedded SmolLM2-135M; needs --no-ttft)",
     )
     parser.add_argument(
         "--quick",
@@ -327,10 +327,9 @@ def resolve_options(args: argparse.Namespace) -> Options:
         plot=getattr(args, "plot", None),
     )
 
-    if opts.model is not None and not quant_only:
+    if opts.model is not None and opts.ttft:
         raise InvalidRequestError(
-            "--model sets the model of the quantization and quality rows; add --quant-only "
-            "(the float32 rows and the peer always run the embedded GGUF)"
+            "time to first token is measured on the embedded model in fresh processes; add --no-ttft with --model"
         )
     if quant_only and not (opts.quant or opts.quality):
         raise InvalidRequestError(

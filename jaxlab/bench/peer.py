@@ -16,10 +16,10 @@ WHAT = "transformers AutoModelForCausalLM.generate, PyTorch eager, float32, CPU,
 PEERS: dict[str, Any] = {}  # gguf path -> loaded transformers model (one load per process)
 
 
-def load_peer(gguf_path):
-    """The model half of :func:`jaxlab.tools.reference.load_reference` (no tokenizer: the bench feeds token ids),
-    loaded once per process (kept in :data:`PEERS`)."""
-    key = str(Path(gguf_path).resolve())
+def load_peer(model_path):
+    """The model half of :func:`jaxlab.tools.reference.load_reference` (no tokenizer: the bench feeds token ids) for a
+    GGUF file (or a Hugging Face folder or hub id), loaded once per process (kept in :data:`PEERS`)."""
+    key = str(Path(model_path).resolve()) if Path(model_path).exists() else str(model_path)
     if key not in PEERS:
         import torch
         from transformers import AutoModelForCausalLM
@@ -27,9 +27,12 @@ def load_peer(gguf_path):
 
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
-        model = AutoModelForCausalLM.from_pretrained(
-            str(Path(key).parent), gguf_file=Path(key).name, dtype=torch.float32
-        )
+        if key.endswith(".gguf"):
+            model = AutoModelForCausalLM.from_pretrained(
+                str(Path(key).parent), gguf_file=Path(key).name, dtype=torch.float32
+            )
+        else:
+            model = AutoModelForCausalLM.from_pretrained(key, dtype=torch.float32)
         model.eval()
         PEERS[key] = model
     return PEERS[key]
@@ -48,8 +51,8 @@ def start_peer(opts: Options, row0: Sequence[int], log) -> tuple[Any, str | None
         return None, f"torch/transformers not importable ({e})"
     from jaxlab.io import assets
 
-    log("loading the peer: transformers (PyTorch eager, float32) on the same GGUF")
-    peer = load_peer(assets.model_path())
+    log("loading the peer: transformers (PyTorch eager, float32) on the same model file")
+    peer = load_peer(opts.model or assets.model_path())
     log("peer warm-up (batch 1, 2 tokens)")
     peer_generate(peer, [row0], 2)
     return peer, None

@@ -154,6 +154,7 @@ def measure_speculative(opts: Options, setup: Setup) -> list[dict]:
         max_new_tokens=16 if quick else 32,
         methods=("ngram",) if quick else ("ngram", "draft"),
         repeats=1 if quick else 2,
+        draft_layers=min(DEFAULT_DRAFT_LAYERS, max(1, setup.params.config.n_layers // 2)),  # 8 of SmolLM2's 30
         generator=setup.generator,
     )
 

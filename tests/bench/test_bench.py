@@ -21,7 +21,6 @@ from jaxlab.bench import (
     costmodel,
     fmt,
     options,
-    peer,
     prompts,
     quantreport,
     quantrows,
@@ -458,6 +457,8 @@ def test_resolve_options_quantization():
     )
     assert not (o.float or o.peer or o.ttft or o.stages or o.speculative)
     assert o.quant_formats == ("w8a8", "int8") and o.quant_kv == ("int8",) and o.model == "some/model"
+    o = bench.resolve_options(parser.parse_args(["--model", "some.gguf", "--no-ttft"]))  # every row on that model
+    assert o.model == "some.gguf" and o.float and o.peer and o.stages and not o.ttft
     with pytest.raises(SystemExit):
         parser.parse_args(["--quant-formats", "int3"])
     for bad in (
@@ -471,8 +472,10 @@ def test_resolve_options_quantization():
 
 
 # --------------------------------------------------------------------------------------------------
-# One quick end-to-end run shared by the tests below (tiny sizes; the embedded model; the peer when
-# torch and transformers are installed), and a quant-only run that reuses its compiled programs
+# One quick end-to-end run shared by the tests below (tiny sizes; the embedded model's first two layers,
+# ``small_gguf``, so every section runs in a fraction of the whole model's time; the peer, transformers on the
+# same file, when torch and transformers are installed), and a quant-only run that reuses its compiled programs.
+# What the bench measures on the whole model is recorded in benchmarks/ (`jaxlab bench`).
 # --------------------------------------------------------------------------------------------------
 
 QUANT_ARGS = ["--quant-formats", "int8", "--quant-kv", "int8", "--quant-batch-sizes", "1"]
@@ -494,19 +497,17 @@ def run_cli(argv: list[str]) -> tuple[int, str]:
 
 
 @pytest.fixture(scope="module")
-def quick(request, tmp_path_factory, gguf_path):
-    """One ``jaxlab bench --quick`` with every part but time to first token: the float32 rows against the peer,
-    the stages, speculative decoding, the quantized rows (int8 weights, int8 KV, batch 1) and the quality report;
-    -> {"text", "json", "png"}. The peer is the session's reference model (the same transformers load)."""
+def quick(tmp_path_factory, small_gguf, converted_cache):
+    """One ``jaxlab bench --quick --model <the first two layers>`` with every part but time to first token: the
+    float32 rows against the peer, the stages, speculative decoding, the quantized rows (int8 weights, int8 KV,
+    batch 1) and the quality report; -> {"text", "json", "png"}."""
     tmp = tmp_path_factory.mktemp("bench")
     argv = ["bench", "--quick", "--no-ttft", "--quality", *QUANT_ARGS, *SMALL_CEILINGS, "--targets"]
-    argv += ["--json", str(tmp / "bench.json"), "--plot", str(tmp / "roofline.png")]
+    argv += ["--model", str(small_gguf), "--json", str(tmp / "bench.json"), "--plot", str(tmp / "roofline.png")]
+    if not has_peer():
+        argv.append("--no-peer")
     with pytest.MonkeyPatch.context() as mp:
-        if has_peer():
-            model, _ = request.getfixturevalue("reference")
-            mp.setitem(peer.PEERS, str(Path(gguf_path).resolve()), model)
-        else:
-            argv.append("--no-peer")
+        mp.setenv("JAXLAB_CACHE", str(converted_cache))  # the small model's converted parameters go there
         rc, text = run_cli(argv)
     assert rc == 0, text
     return {"text": text, "json": json.loads((tmp / "bench.json").read_text()), "png": tmp / "roofline.png"}
@@ -616,15 +617,16 @@ def test_quick_quality_report(quick):
     assert ref["greedy_agreement"] == 1.0 and ref["identical"] == ref["prompts"] == 4  # the method's noise floor
     assert 0 < kv8["kl"] < 0.05 and 0 < q8["kl"] < 0.05 and abs(q8["ppl_increase_pct"]) < 5
     assert q8["greedy_agreement"] > 0.6
-    assert any("Q4_1" in n for n in q["notes"])  # the embedded model's baseline is said plainly
+    assert q["notes"][0].startswith("reference: ") and "smollm2-2-layers.gguf" in q["notes"][0]  # said plainly
 
 
 @pytest.mark.slow
-def test_quant_only_measures_only_the_quantized_rows(quick, tmp_path):
+def test_quant_only_measures_only_the_quantized_rows(quick, tmp_path, small):
     """--quant-only: no float32 rows, no peer, no stages; the same variants as the shared run, so every program
     is already compiled in this process and the run is short."""
     rc, text = run_cli(
-        ["bench", "--quant-only", "--quick", *QUANT_ARGS, *SMALL_CEILINGS, "--json", str(tmp_path / "q.json")]
+        ["bench", "--quant-only", "--quick", *QUANT_ARGS, *SMALL_CEILINGS, "--model", small]
+        + ["--json", str(tmp_path / "q.json")]
     )
     assert rc == 0, text
     assert (

@@ -55,12 +55,14 @@ def test_targets_pass_and_miss_on_hand_made_numbers():
 
 
 @pytest.mark.slow
-def test_quick_trace_run(tmp_path):
+def test_quick_trace_run(tmp_path, small):
+    """The whole --trace report, on the embedded model's first two layers (the recorded run on the whole model:
+    benchmarks/)."""
     from jaxlab.cli import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        rc = main(["bench", "--trace", "--quick", "--targets", "--json", str(tmp_path / "t.json")])
+        rc = main(["bench", "--trace", "--quick", "--targets", "--model", small, "--json", str(tmp_path / "t.json")])
     text = out.getvalue()
     assert rc == 0, text
     for part in ("Continuous batching against static", "Paged decode step", "Prefix reuse", "Targets"):

@@ -2,12 +2,9 @@
 
 Two halves in one file:
 
-* tests that need one device (mesh parsing, rules, padding, error messages, the exercises' checkers);
-* tests that need 8 devices (``needs8``, named ``test_8dev_*``). XLA fixes the device count when jax
-  starts, and the main pytest process already started jax with one CPU device, so
-  :func:`test_eight_device_suite` reruns this file in a subprocess with
-  ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` and ``-k 8dev``. To run them directly:
-  ``XLA_FLAGS=--xla_force_host_platform_device_count=8 pytest tests/engine/test_sharding.py -k 8dev``.
+* tests on one device, or any number (mesh parsing, rules, padding, error messages, the exercises' checkers);
+* tests on 8 devices (named ``test_8dev_*``): every test process has 8 simulated CPU devices
+  (``tests/conftest.py``), so they run here, in the same process as the rest.
 
 The tiny config covers every strategy and mesh shape; the real model runs once per strategy and must
 reproduce the golden greedy tokens (which the single-device Generator reproduces, test_reference.py).
@@ -15,10 +12,6 @@ reproduce the golden greedy tokens (which the single-device Generator reproduces
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import jax
@@ -36,10 +29,6 @@ from jaxlab.engine.kvcache import left_pad
 from jaxlab.engine.model import forward, init_params
 from jaxlab.errors import ConfigError, InvalidRequestError
 from jaxlab.lab import parallel
-
-EIGHT = jax.device_count() >= 8
-needs8 = pytest.mark.skipif(not EIGHT, reason="runs in the 8-device subprocess (test_eight_device_suite)")
-one_device = pytest.mark.skipif(EIGHT, reason="runs in the main (one-device) process")
 
 # 8 rows: at least 2 per device on every mesh below (one row per device makes XLA:CPU compile each step's
 # one-row matmuls as reductions: slower to compile, and a shape no mesh needs)
@@ -326,40 +315,9 @@ def test_exercise_pad_heads(solution, tiny_params, capsys):
         np.testing.assert_array_equal(np.asarray(padded[f"layers.0.attn.{w}"]), r)
 
 
-# -- the 8-device half, in a subprocess -------------------------------------------------------------
-
-
-@one_device
-def test_eight_device_suite():
-    env = dict(os.environ)
-    flags = [f for f in env.get("XLA_FLAGS", "").split() if "force_host_platform_device_count" not in f]
-    env["XLA_FLAGS"] = " ".join(flags + ["--xla_force_host_platform_device_count=8"])
-    env["JAX_PLATFORMS"] = "cpu"
-    root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            str(Path(__file__).resolve()),
-            "-q",
-            "-k",
-            "8dev",
-            "-p",
-            "no:cacheprovider",
-            "-W",
-            "ignore::DeprecationWarning",
-        ],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    tail = (proc.stdout + proc.stderr)[-6000:]
-    assert proc.returncode == 0, f"8-device tests failed:\n{tail}"
-    assert " passed" in proc.stdout and " failed" not in proc.stdout, tail
-    print(proc.stdout.strip().splitlines()[-1])
+def test_the_tests_have_eight_devices():
+    """What the ``test_8dev_*`` tests stand on (tests/conftest.py): without it they would fail on mesh sizes."""
+    assert jax.device_count() == 8 and jax.devices()[0].platform == "cpu"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -400,7 +358,6 @@ def placed(tiny_params):
     return get
 
 
-@needs8
 @pytest.mark.parametrize("strategy,mesh", TINY_CASES, ids=[f"{s}-{m}" for s, m in TINY_CASES])
 def test_8dev_tiny_tokens_and_logits_equal_single_device(placed, tiny_reference, strategy, mesh):
     sm = placed(strategy, mesh)
@@ -409,7 +366,6 @@ def test_8dev_tiny_tokens_and_logits_equal_single_device(placed, tiny_reference,
     np.testing.assert_allclose(sm.prompt_logits(), logits[:, -1], atol=1e-5, rtol=1e-5)
 
 
-@needs8
 @pytest.mark.parametrize("strategy,mesh", [("tensor", "model=8"), ("shard_map", "model=8"), ("pmap", "data=4")])
 def test_8dev_full_logits_equal_single_device(placed, tiny_reference, strategy, mesh):
     sm = placed(strategy, mesh)
@@ -417,7 +373,6 @@ def test_8dev_full_logits_equal_single_device(placed, tiny_reference, strategy, 
     np.testing.assert_allclose(sm.logits(tokens, positions), tiny_reference[1], atol=1e-5, rtol=1e-5)
 
 
-@needs8
 @pytest.mark.parametrize(
     "strategy,mesh", [("data+tensor", "data=2,model=4"), ("shard_map", "model=8"), ("pmap", "data=4")]
 )
@@ -427,7 +382,6 @@ def test_8dev_prompt_through_the_decode_step_gives_the_same_tokens(placed, tiny_
     np.testing.assert_allclose(sm.prompt_logits(), tiny_reference[1][:, -1], atol=1e-5, rtol=1e-5)
 
 
-@needs8
 def test_8dev_batch_is_padded_to_the_data_axis(placed, tiny_reference):
     sm = placed("data", "data=4")
     assert sm.generate(PROMPTS[:7], 10, ignore_eos=True) == tiny_reference[0][:7]  # 7 rows + a copy of the first
@@ -435,7 +389,6 @@ def test_8dev_batch_is_padded_to_the_data_axis(placed, tiny_reference):
         sm.logits(*left_pad(PROMPTS[:7], 2))
 
 
-@needs8
 def test_8dev_fitted_meshes_use_all_devices(placed, tiny_params):
     for strategy in FITTED:
         assert placed(strategy).mesh.size == 8, strategy
@@ -443,7 +396,6 @@ def test_8dev_fitted_meshes_use_all_devices(placed, tiny_params):
     assert S.shard(tiny_params, None).strategy == "data+tensor"
 
 
-@needs8
 def test_8dev_parameter_and_cache_shardings_are_what_the_rules_say(placed):
     sm = placed("data+tensor", "data=2,model=4")
     cfg = sm.config  # padded: 2 -> 4 KV heads, 6 -> 12 query heads, 84 MLP units stay 84
@@ -469,7 +421,6 @@ def test_8dev_parameter_and_cache_shardings_are_what_the_rules_say(placed):
     assert dp.params.flat()["layers.0.attn.wq"].sharding.is_fully_replicated
 
 
-@needs8
 def test_8dev_collectives_in_the_compiled_decode_step(placed, tiny_params):
     layers, dim = tiny_params.config.n_layers, tiny_params.config.dim
     want = {"data": 0, "pmap": 0, "tensor": 2 * layers, "data+tensor": 2 * layers, "shard_map": 2 * layers}
@@ -487,7 +438,6 @@ def test_8dev_collectives_in_the_compiled_decode_step(placed, tiny_params):
     assert infos["tensor"].bytes["all-reduce"] == 2 * layers * 8 * dim * 4
 
 
-@needs8
 def test_8dev_a_rule_that_cannot_work_names_the_constraint(tiny_params):
     with pytest.raises(ConfigError, match=r"parameter embed \(263, 40\).*size 263.*model=2"):
         S.shard(tiny_params, "model=2", "tensor", rules={"vocab": "model"})
@@ -499,7 +449,6 @@ def test_8dev_a_rule_that_cannot_work_names_the_constraint(tiny_params):
         S.shard(tiny_params, "model=2", "shard_map", rules={"vocab": "model"})
 
 
-@needs8
 def test_8dev_vocab_split_is_one_rule_away(tiny_params, tiny_reference):
     # 263 is prime: one zero row makes the vocabulary 264 = 8 x 33 (its logit is cut off below)
     flat = {k: (np.pad(np.asarray(v), ((0, 1), (0, 0))) if k == "embed" else v) for k, v in tiny_params.flat().items()}
@@ -513,7 +462,6 @@ def test_8dev_vocab_split_is_one_rule_away(tiny_params, tiny_reference):
 # -- quantized parameters and the int8 KV cache, through forward's psum hook ---------------------------------
 
 
-@needs8
 def test_8dev_quantized_weights_and_int8_cache_under_shard_map(tiny_params):
     """int8 weights and the int8 KV cache, rows over data and heads over model: the single-device tokens,
     and the log-probability of every chosen token within 1e-4. (Not 1e-5: a row-parallel int8 matmul writes
@@ -564,7 +512,6 @@ def check_golden_logits(rows, logits):
         assert ok, line
 
 
-@needs8
 def test_8dev_real_model_shard_map_reproduces_the_golden_tokens_and_logits(smollm, real_placed, golden_rows):
     """Greedy tokens equal the golden ones (which the single-device Generator reproduces), and the
     prompt logits are within float32 tolerance of the reference's."""
@@ -576,7 +523,6 @@ def test_8dev_real_model_shard_map_reproduces_the_golden_tokens_and_logits(smoll
     check_golden_logits(golden_rows, sm.prompt_logits())
 
 
-@needs8
 def test_8dev_real_model_jit_data_tensor_gives_the_golden_logits(real_placed, golden_rows):
     sm = S.shard(real_placed, REAL_MESH, "data+tensor")
     tokens, positions = left_pad([r["prompt_ids"] for r in golden_rows], sm.config.pad_id)

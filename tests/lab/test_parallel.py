@@ -4,6 +4,7 @@ devices in tests/engine/test_sharding.py."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 import jaxlab
@@ -84,35 +85,23 @@ def test_owners_and_figures_on_one_device():
     assert "2 all-reduces per layer (60 for 30 layers)" in ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
 
 
-EIGHT_DEVICES = """
-import jax
-from jaxlab.engine.mesh import make_mesh
-from jaxlab.lab import parallel
-from jax.sharding import NamedSharding, PartitionSpec as P
-mesh = make_mesh({"data": 1, "model": 8}, jax.devices())
-heads = parallel.attention_collectives(mesh, "heads")
-seq = parallel.attention_collectives(mesh, "sequence")
-assert heads.total_collectives == 0, heads.collectives
-assert seq.collectives["all-reduce"] == seq.total_collectives == 3, seq.collectives
-assert sorted(op for _, op in parallel.all_reduce_ops(seq.hlo)) == ["add", "add", "maximum"]
-grid = make_mesh({"data": 2, "model": 4}, jax.devices())
-w = jax.device_put(jax.numpy.zeros((8, 12)), NamedSharding(grid, P(None, "model")))
-assert [ids for _, ids in parallel.owners(w)] == [[0, 4], [1, 5], [2, 6], [3, 7]]
-from jaxlab.io.config import tiny
-from jaxlab.engine.model import init_params
-assert parallel.data_parallel_gain(init_params(tiny(), 0), jax.devices(), batch=8, repeats=1) > 0
-print("ok")
-"""
-
-
 def test_softmax_needs_collectives_only_when_its_row_is_split():
-    """On 8 simulated devices (a subprocess: XLA fixes the device count when jax starts): whole heads per device
-    need no collective; the cache's sequence axis split needs the softmax's max and sum and the weighted values'
-    sum all-reduced."""
-    import os
-    import subprocess
-    import sys
+    """On the tests' 8 simulated devices (tests/conftest.py): whole heads per device need no collective; the cache's
+    sequence axis split needs the softmax's max and sum and the weighted values' sum all-reduced."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", EIGHT_DEVICES], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
+    from jaxlab.engine.mesh import make_mesh
+    from jaxlab.engine.model import init_params
+    from jaxlab.io.config import tiny
+
+    mesh = make_mesh({"data": 1, "model": 8}, jax.devices())
+    heads = parallel.attention_collectives(mesh, "heads")
+    seq = parallel.attention_collectives(mesh, "sequence")
+    assert heads.total_collectives == 0, heads.collectives
+    assert seq.collectives["all-reduce"] == seq.total_collectives == 3, seq.collectives
+    assert sorted(op for _, op in parallel.all_reduce_ops(seq.hlo)) == ["add", "add", "maximum"]
+    grid = make_mesh({"data": 2, "model": 4}, jax.devices())
+    w = jax.device_put(jax.numpy.zeros((8, 12)), NamedSharding(grid, P(None, "model")))
+    assert [ids for _, ids in parallel.owners(w)] == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert parallel.data_parallel_gain(init_params(tiny(), 0), jax.devices(), batch=8, repeats=1) > 0

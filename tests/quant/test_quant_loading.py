@@ -4,6 +4,7 @@ broken cache file, or a request that cannot run, is one clear error."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -31,8 +32,10 @@ def cache(module_cache, monkeypatch):
     return module_cache
 
 
-def quant_file(fmt, group=quant.DEFAULT_GROUP):
-    return store.params_file(assets.cache_dir(), assets.model_path(), extra=loading.quant_cache_key(fmt, group))
+def quant_file(fmt, group=quant.DEFAULT_GROUP, model=None):
+    """Where the quantized parameters of ``model`` (default: the embedded model) are cached."""
+    source = Path(model) if model else assets.model_path()
+    return store.params_file(assets.cache_dir(), source, extra=loading.quant_cache_key(fmt, group))
 
 
 def refuse(what):
@@ -73,9 +76,10 @@ def test_quantized_once_then_read_from_the_cache(cache, monkeypatch):
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4", "w8a8"])
-def test_cached_model_computes_what_the_fresh_one_does(cache, capsys, fmt):
+def test_cached_model_computes_what_the_fresh_one_does(cache, small, capsys, fmt):
     """The file holds everything the quantized model computes with (scales, offsets, smoothing factors); and
-    quantizing shows no progress bar unless asked (``test_progress_bar_when_asked``)."""
+    quantizing shows no progress bar unless asked (``test_progress_bar_when_asked``). On the embedded model's first
+    two layers: the same file format, a fraction of the quantizing."""
     import jax
     import jax.numpy as jnp
 
@@ -84,11 +88,11 @@ def test_cached_model_computes_what_the_fresh_one_does(cache, capsys, fmt):
     tokens = jnp.asarray([[1, 9690, 198, 2683, 359, 253, 5356]])
     positions = jnp.arange(tokens.shape[1])[None]
     logits = jax.jit(lambda p: forward(p, tokens, positions)[0])
-    quant_file(fmt).unlink(missing_ok=True)
-    fresh, _, _ = loading.load_params(quant=fmt)
-    assert quant_file(fmt).exists()
+    quant_file(fmt, model=small).unlink(missing_ok=True)
+    fresh, _, _ = loading.load_params(small, quant=fmt)
+    assert quant_file(fmt, model=small).exists()
     assert "quantizing" not in capsys.readouterr().err
-    cached, _, _ = loading.load_params(quant=fmt)
+    cached, _, _ = loading.load_params(small, quant=fmt)
     np.testing.assert_array_equal(np.asarray(logits(cached)), np.asarray(logits(fresh)))
 
 
