@@ -195,4 +195,8 @@ def param_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
     shapes["norm.weight"] = (d,)
     if not cfg.tie_embeddings:
         shapes["lm_head"] = (d, cfg.vocab_size)
-    return shapes
+    # in the model's own order (its state's keys sorted level by level, layer numbers as numbers): code that draws
+    # random weights name by name gets the same weights as before
+    return dict(
+        sorted(shapes.items(), key=lambda kv: [(0, int(p)) if p.isdigit() else (1, p) for p in kv[0].split(".")])
+    )
