@@ -193,6 +193,15 @@ def small(small_gguf, converted_cache, monkeypatch) -> str:
 
 
 @pytest.fixture(scope="session")
+def small_model(small_gguf, converted_cache):
+    """:func:`small_gguf` loaded (params + tokenizer, float32), once per session, as ``jaxlab generate --model`` loads
+    it (the same :func:`load_model` entry)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("JAXLAB_CACHE", str(converted_cache))
+        return load_model(str(small_gguf))
+
+
+@pytest.fixture(scope="session")
 def generator(smollm):
     from jaxlab.engine.generate import Generator
 

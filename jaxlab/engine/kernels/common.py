@@ -21,9 +21,7 @@ import contextlib
 import jax
 import jax.numpy as jnp
 
-#: The score of a key a query may not see, everywhere attention is computed (the model, the paged cache, these
-#: kernels, the encoder): finite, so a query with no visible key (padding, a fully masked block) leaves no NaN behind
-MASK_VALUE = -1e30
+MASK_VALUE = -1e30  # a hidden key's score wherever attention is computed; finite, so no NaN where none is seen
 VARIANTS = ("tpu", "gpu")
 MIN_DOT = 16  # the smallest matrix dimension Triton's tl.dot takes: GPU blocks are padded up to it
 #: The chip a TPU kernel is lowered for when no TPU is attached (Colab's free TPU today)
