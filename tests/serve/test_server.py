@@ -279,10 +279,10 @@ def test_chat_page_is_served(live):
     assert "/v1/chat/completions" in r.text and "tokens/s" in r.text
 
 
-def test_chat_page_in_a_real_browser(live, small_gguf, converted_cache, tmp_path):
+def test_chat_page_in_a_real_browser(live, generated, tmp_path):
     """Headless chromium (Debian's, driven by Selenium through chromium-driver; ``make test`` installs both) opens
-    the page, types a question and sees the streamed answer, the greedy one ``jaxlab generate`` gives for the page's
-    128 tokens, and a tokens/s figure; then a second turn keeps the conversation."""
+    the page, sets its max tokens to 24, types a question and sees the streamed answer, the greedy one ``jaxlab
+    generate`` gives, and a tokens/s figure; then a second turn keeps the conversation."""
     import shutil
 
     from selenium import webdriver
@@ -300,6 +300,8 @@ def test_chat_page_in_a_real_browser(live, small_gguf, converted_cache, tmp_path
     browser = webdriver.Chrome(service=Service(driver_path), options=opts)
     try:
         browser.get(live[0] + "/")
+        # the settings' max tokens (folded away until opened) to 24: as `generated`, and two turns fit the context
+        browser.execute_script("document.getElementById('max_tokens').value = '24'")
         q = QUESTIONS[0]
         box = browser.find_element(By.ID, "input")
         box.send_keys(q, Keys.ENTER)
@@ -307,8 +309,7 @@ def test_chat_page_in_a_real_browser(live, small_gguf, converted_cache, tmp_path
         wait.until(lambda b: "tokens/s" in b.find_element(By.ID, "stats").text)
         answers = browser.find_elements(By.CSS_SELECTOR, ".msg.assistant")
         assert len(answers) == 1
-        want = generate_json(small_gguf, converted_cache, q, "--max-new-tokens", "128")[q]
-        assert answers[0].text == want["text"].strip()
+        assert answers[0].text.strip() == generated[q]["text"].strip()
         box.send_keys("And of Italy?", Keys.ENTER)
         wait.until(
             lambda b: (
