@@ -502,7 +502,7 @@ def cmd_export(args, out=None):
     from jaxlab.engine.loading import load
     from jaxlab.io import export
 
-    export.check_request(args.format, qtype=args.qtype, dtype=args.dtype)  # before the model is read
+    export.check_export(args.format, qtype=args.qtype, dtype=args.dtype)  # before the model is read
     export.check_output(args.format, args.out, args.overwrite)
     t0 = time.perf_counter()
     m = load(args.model, dtype="float32", progress=sys.stderr.isatty())

@@ -8,7 +8,7 @@
   holds the original bf16 weights, so its outputs differ slightly from the embedded Q4_1 file.
 
 GGUF weights are dequantized once and cached as a float32 safetensors file (see
-:mod:`jaxlab.io.store`), so later loads take well under 2 s.
+:mod:`jaxlab.io.param_cache`), so later loads take well under 2 s.
 
 ``dtype="auto"`` (the default) is the backend's default (:func:`jaxlab.engine.model.backend_default_dtype`):
 float32 on a CPU (the parity path), bfloat16 on TPU and on GPUs of compute capability >= 8.0, float32 on
@@ -31,7 +31,7 @@ from typing import Any
 from jaxlab import quant as quantization
 from jaxlab.engine.model import Params, backend_default_dtype, default_policy, params_from_flat
 from jaxlab.errors import ConfigError, ModelFileError
-from jaxlab.io import assets, store
+from jaxlab.io import assets, param_cache
 
 
 @dataclass
@@ -113,14 +113,14 @@ def _float_params(kind, loc, policy, progress, use_cache):
     if kind == "gguf":
         from jaxlab.io.gguf import load_gguf
 
-        cached = store.params_file(assets.cache_dir(), Path(loc)) if use_cache else None
+        cached = param_cache.params_file(assets.cache_dir(), Path(loc)) if use_cache else None
         if cached is not None and cached.exists():
-            cfg, flat = store.load(cached)
+            cfg, flat = param_cache.load(cached)
         else:
             cfg, flat = load_gguf(loc, progress=progress)
             if cached is not None:
                 try:
-                    store.save(cached, cfg, flat)
+                    param_cache.save(cached, cfg, flat)
                 except OSError:
                     pass  # read-only cache: still usable, just slower next time
     else:
@@ -149,7 +149,7 @@ def load_params(
         extra = quant_cache_key(quant, group_size)
         if kind == "hf-folder":
             extra += "|" + _folder_identity(Path(loc))
-        qfile = store.params_file(assets.cache_dir(), Path(loc), extra=extra)
+        qfile = param_cache.params_file(assets.cache_dir(), Path(loc), extra=extra)
         if qfile.exists():
             return quantization.load(qfile, policy), kind, loc
     params = _float_params(kind, loc, policy, progress, use_cache)

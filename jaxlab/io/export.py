@@ -49,7 +49,7 @@ GENERAL_KEYS = (
 _SHADOWING = ("*.safetensors", "model.safetensors.index.json", "chat_template.jinja")
 
 
-def check_request(fmt: str, qtype: str | None = None, dtype: str | None = None) -> None:
+def check_export(fmt: str, qtype: str | None = None, dtype: str | None = None) -> None:
     """Raise :class:`ExportError` for a format, GGUF type or checkpoint dtype that cannot be written."""
     if fmt not in FORMATS:
         raise ExportError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
@@ -279,7 +279,7 @@ def export_hf(
     (default: the tokenizer's), whose unknown token is kept. An existing non-empty folder is refused unless
     ``overwrite`` (which also removes the files that would shadow the export: other ``*.safetensors``, a shard
     index, ``chat_template.jinja``)."""
-    check_request("hf", dtype=dtype)
+    check_export("hf", dtype=dtype)
     check_params(params)
     cfg = params.config
     if tokenizer is not None:
@@ -309,7 +309,7 @@ def export_gguf(
     (default: the tokenizer's), whose pre-tokenizer name, unknown token and ``general.*`` facts (licence,
     organization...) are kept. The file is written beside ``out`` and renamed into place, so an interrupted
     export leaves no half file under that name; an existing file is refused unless ``overwrite``."""
-    check_request("gguf", qtype=qtype)
+    check_export("gguf", qtype=qtype)
     check_params(params)
     cfg = params.config
     meta = _source_metadata(tokenizer, source)
@@ -329,7 +329,7 @@ def export_gguf(
 def export(fmt: str, params, tokenizer, out, *, qtype=None, dtype=None, **kwargs) -> Path:
     """:func:`export_hf` (``fmt="hf"``, ``dtype``) or :func:`export_gguf` (``fmt="gguf"``, ``qtype``), with their
     defaults (float32, F16) for a None; ``kwargs``: source, overwrite, progress."""
-    check_request(fmt, qtype=qtype, dtype=dtype)
+    check_export(fmt, qtype=qtype, dtype=dtype)
     if fmt == "hf":
         return export_hf(params, tokenizer, out, dtype=dtype or "float32", **kwargs)
     return export_gguf(params, tokenizer, out, qtype=qtype or "F16", **kwargs)

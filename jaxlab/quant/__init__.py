@@ -3,7 +3,7 @@ through one hook (:class:`~jaxlab.quant.formats.QuantizedMatrix`; see :mod:`jaxl
 
 * :mod:`~jaxlab.quant.formats` — the quantized matrix, its matmuls, ``quantize_matrix`` (what the engine imports)
 * :mod:`~jaxlab.quant.calibrate` — activation statistics, SmoothQuant, ``quantize_params`` / ``quantize_model``
-* :mod:`~jaxlab.quant.store` — quantized parameters on disk
+* :mod:`~jaxlab.quant.quant_cache` — quantized parameters on disk (the quantized-parameter cache)
 * :mod:`~jaxlab.quant.quality` — perplexity, KL and greedy agreement of a quantized model against float32
 
 The formats are imported here; the other modules load on first use of one of their names, because they
@@ -43,8 +43,8 @@ _LAZY = {
     "calibration_stats": "calibrate",
     "quantize_model": "calibrate",
     "quantize_params": "calibrate",
-    "save": "store",
-    "load": "store",
+    "save": "quant_cache",
+    "load": "quant_cache",
 }
 __all__ = [
     "FORMATS",
@@ -69,7 +69,7 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    if name in ("calibrate", "store", "quality"):
+    if name in ("calibrate", "quant_cache", "quality"):
         return importlib.import_module(f"jaxlab.quant.{name}")
     if name in _LAZY:
         return getattr(importlib.import_module(f"jaxlab.quant.{_LAZY[name]}"), name)

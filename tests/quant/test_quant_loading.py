@@ -14,7 +14,7 @@ from jaxlab import quant
 from jaxlab.cli import main
 from jaxlab.engine import loading
 from jaxlab.errors import ConfigError, ModelFileError
-from jaxlab.io import assets, store
+from jaxlab.io import assets, param_cache
 from jaxlab.quant import QuantizedMatrix
 from jaxlab.tools import compile_cache
 
@@ -35,7 +35,7 @@ def cache(module_cache, monkeypatch):
 def quant_file(fmt, group=quant.DEFAULT_GROUP, model=None):
     """Where the quantized parameters of ``model`` (default: the embedded model) are cached."""
     source = Path(model) if model else assets.model_path()
-    return store.params_file(assets.cache_dir(), source, extra=loading.quant_cache_key(fmt, group))
+    return param_cache.params_file(assets.cache_dir(), source, extra=loading.quant_cache_key(fmt, group))
 
 
 def refuse(what):
@@ -57,7 +57,7 @@ def test_quantized_once_then_read_from_the_cache(cache, monkeypatch):
     monkeypatch.setattr(quant, "quantize_model", refuse("quantization"))
     monkeypatch.setattr(quant, "quantize_params", refuse("quantization"))
     monkeypatch.setattr(gguf, "load_gguf", refuse("GGUF conversion"))
-    monkeypatch.setattr(store, "load", refuse("reading the float parameters"))
+    monkeypatch.setattr(param_cache, "load", refuse("reading the float parameters"))
     second, _, _ = loading.load_params(quant="int8")
     assert second.quant == "int8"
     a, b = first.flat(), second.flat()

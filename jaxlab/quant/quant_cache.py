@@ -1,4 +1,4 @@
-"""Quantized parameters on disk: like the float parameters (:mod:`jaxlab.io.store`), one safetensors file."""
+"""Quantized parameters on disk: like the float parameters (:mod:`jaxlab.io.param_cache`), one safetensors file."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 
-from jaxlab.io import store
+from jaxlab.io import param_cache
 
 
 def test_a_cache_folder_copied_whole_keeps_its_names(tmp_path):
@@ -14,10 +14,10 @@ def test_a_cache_folder_copied_whole_keeps_its_names(tmp_path):
     (cache / "models").mkdir(parents=True)
     model = cache / "models" / "m.gguf"
     model.write_bytes(b"weights")
-    name = store.params_file(cache, model).name
+    name = param_cache.params_file(cache, model).name
     copy = tmp_path / "elsewhere" / "cache"
     shutil.copytree(cache, copy)  # copy2: times kept, as `cp -Rp` does
-    assert store.params_file(copy, copy / "models" / "m.gguf").name == name
+    assert param_cache.params_file(copy, copy / "models" / "m.gguf").name == name
 
 
 def test_a_changed_or_moved_source_gets_a_new_name(tmp_path):
@@ -25,13 +25,13 @@ def test_a_changed_or_moved_source_gets_a_new_name(tmp_path):
     cache.mkdir()
     model = tmp_path / "m.gguf"  # outside the cache: named by its absolute path
     model.write_bytes(b"weights")
-    name = store.params_file(cache, model).name
+    name = param_cache.params_file(cache, model).name
     other = tmp_path / "b" / "m.gguf"
     other.parent.mkdir()
     shutil.copy2(model, other)
-    assert store.params_file(cache, other).name != name
+    assert param_cache.params_file(cache, other).name != name
     st = model.stat()
     model.write_bytes(b"WEIGHTS")  # same size, rewritten in place
     os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
-    assert store.params_file(cache, model).name != name
-    assert store.params_file(cache, model, extra="quant-int8").name != store.params_file(cache, model).name
+    assert param_cache.params_file(cache, model).name != name
+    assert param_cache.params_file(cache, model, extra="quant-int8").name != param_cache.params_file(cache, model).name
