@@ -322,12 +322,6 @@ def _run_requests(engine, ids, args, sampling, on_text=None):
     return results
 
 
-def _prompt_ids(tok, text, raw, history=None, system=None):
-    from jaxlab.io.tokenizer import prompt_ids
-
-    return prompt_ids(tok, text, messages=history or (), system=system, raw=raw)
-
-
 def cmd_generate(args, out=None):
     out = out or sys.stdout
     sampling = _sampling(args)
@@ -335,9 +329,11 @@ def cmd_generate(args, out=None):
     _check_quant(args)
     if args.mesh and args.speculative:
         raise InvalidRequestError("--mesh and --speculative cannot be combined")
+    from jaxlab.io.tokenizer import prompt_ids
+
     m = _load(args)
     tok = m.tokenizer
-    ids = [_prompt_ids(tok, p, args.raw) for p in args.prompts]
+    ids = [prompt_ids(tok, p, raw=args.raw) for p in args.prompts]
     streaming = len(ids) == 1 and not args.json
 
     def on_text(_row, piece):
@@ -423,6 +419,8 @@ def _generate_speculative(args, m, ids, sampling):
 
 
 def cmd_chat(args, stdin=None, out=None):
+    from jaxlab.io.tokenizer import prompt_ids
+
     stdin, out = stdin or sys.stdin, out or sys.stdout
     sampling = _sampling(args)
     _check_dtype(args.dtype)
@@ -452,7 +450,7 @@ def cmd_chat(args, stdin=None, out=None):
             continue
         if not text.strip():
             continue
-        ids = _prompt_ids(tok, text, False, history=history)
+        ids = prompt_ids(tok, text, messages=history)
         room = engine.context - len(ids)
         if room < 1:
             out.write("(the conversation no longer fits in the context: /reset to start over)\n")
