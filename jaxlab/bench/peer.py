@@ -28,9 +28,12 @@ def load_peer(model_path):
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
         if key.endswith(".gguf"):
-            model = AutoModelForCausalLM.from_pretrained(
-                str(Path(key).parent), gguf_file=Path(key).name, dtype=torch.float32
-            )
+            from jaxlab.tools.reference import gguf_read_once
+
+            with gguf_read_once():
+                model = AutoModelForCausalLM.from_pretrained(
+                    str(Path(key).parent), gguf_file=Path(key).name, dtype=torch.float32
+                )
         else:
             model = AutoModelForCausalLM.from_pretrained(key, dtype=torch.float32)
         model.eval()

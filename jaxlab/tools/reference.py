@@ -18,6 +18,8 @@ torch and transformers are imported only inside the functions that need them.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 from dataclasses import dataclass, field
@@ -53,10 +55,36 @@ def load_reference(gguf_path, dtype: str = "float32"):
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     folder, name = os.path.split(os.path.abspath(gguf_path))
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=getattr(torch, dtype))
+    with gguf_read_once():
+        tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=getattr(torch, dtype))
     model.eval()
     return model, tok
+
+
+@contextlib.contextmanager
+def gguf_read_once():
+    """Within this block, ``transformers`` parses each GGUF file once. Loading one GGUF model it parses the file
+    three times (the tokenizer's config, the model's config, the weights: a new ``gguf.GGUFReader`` each, seconds
+    apiece for a 49,152-token vocabulary) and rebuilds gguf's tensor-name map for every module; here the readers
+    are kept per file and the map per (architecture, layers). Nothing else changes: the same reader class reads
+    the same bytes."""
+    import gguf
+
+    real_reader, real_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict = {}
+
+    def reader(path, *args, **kwargs):
+        key = (os.path.abspath(path), args, tuple(sorted(kwargs.items())))
+        if key not in readers:
+            readers[key] = real_reader(path, *args, **kwargs)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.cache(real_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = real_reader, real_map
 
 
 def reference_logits(model, ids: list[int]) -> np.ndarray:
