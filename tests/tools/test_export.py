@@ -3,7 +3,8 @@ and notebook 07's exercise checkers.
 
 The round trips are real: a program is exported and saved here, then loaded and run by a fresh Python
 process, and its tokens must equal (bitwise) and its logits match (1e-6) the in-process jitted step.
-Most tests use the ``tiny`` config; one runs the embedded SmolLM2-135M end to end."""
+Most tests use the ``tiny`` config; one a model read from a file (the embedded SmolLM2-135M's first two layers).
+Notebook 07 runs the whole embedded model's exported step in a fresh process against the golden tokens."""
 
 from __future__ import annotations
 
@@ -74,12 +75,18 @@ def test_exported_step_in_process_equals_the_jitted_step(tiny, native, exported)
     np.testing.assert_allclose(logits, native[1], rtol=1e-6, atol=1e-6)
 
 
-def test_symbolic_batch_serves_every_batch_size(tiny):
+def test_symbolic_batch_serves_every_batch_size(tiny, native):
+    """One file for a batch of one and for the test prompts' ragged batch of two (whose jitted-step answer is
+    ``native``)."""
     exported = export.export_decode_step(tiny, batch=None, cache_len=CACHE)
     assert str(exported.in_avals[len(jax.tree.leaves(tiny))].shape[0]) == "b"
-    for prompts in ([[5, 6, 7]], [[5, 6, 7], [8, 9], [10, 11, 12, 13]]):
-        want = export.greedy_decode(jax.jit(export.decode_step), tiny, prompts, 3, CACHE)
-        got = export.greedy_decode(lambda *a: export.run_exported(exported, *a), tiny, prompts, 3, CACHE)
+    one = [[5, 6, 7]]
+    for prompts, n, want in (
+        (one, 3, export.greedy_decode(jax.jit(export.decode_step), tiny, one, 3, CACHE)),
+        (PROMPTS, NEW, native),
+    ):
+        got = export.greedy_decode(lambda *a: export.run_exported(exported, *a), tiny, prompts, n, CACHE)
+        assert got[0].shape == (len(prompts), n)
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_allclose(got[1], want[1], rtol=1e-6, atol=1e-6)
 
@@ -112,8 +119,14 @@ def test_run_exported_names_the_argument_that_does_not_fit(tiny, exported):
 
 
 def test_round_trip_through_a_file_in_a_fresh_process(exported_file, native):
+    """The child shares the run's compilation cache, as notebook 07's does: the program this process compiled for
+    the same file (``test_exported_step_in_process_equals_the_jitted_step``) is loaded, not compiled again."""
+    from jaxlab.tools import compile_cache
+
     assert exported_file.read_bytes().startswith(export.MAGIC)
-    out = export.exported_in_fresh_process(exported_file, PROMPTS, NEW, CACHE, model="tiny")
+    out = export.exported_in_fresh_process(
+        exported_file, PROMPTS, NEW, CACHE, model="tiny", cache_dir=compile_cache.current()
+    )
     np.testing.assert_array_equal(out["tokens"], native[0])
     np.testing.assert_allclose(out["logits"], native[1], rtol=1e-6, atol=1e-6)
     assert out["fun_name"] == "step" and out["platform"] == jax.default_backend()
@@ -156,17 +169,21 @@ def test_save_leaves_no_temporary_file(exported_file):
 
 
 @pytest.mark.slow
-def test_real_model_round_trip_in_a_fresh_process(smollm, tmp_path, serializable):
+def test_file_model_round_trip_in_a_fresh_process(small_model, small, tmp_path, serializable):
+    """A model read from a GGUF file (the embedded model's first two layers), exported and run by a fresh process
+    that loads the same file: the weights are arguments, not in the file. The whole model's exported step in a fresh
+    process (its size, tokens, logits, and the golden tokens) is notebook 07's section 7 (nbval checks its PASS
+    lines); in-process, its decode step's golden tokens are the notebook's section 1."""
     from jaxlab.tools.reference import load_golden
 
     golden = load_golden()["prompts"][0]
     prompt, n, cache_len = golden["prompt_ids"], 4, 64
-    exported = export.export_decode_step(smollm.params, batch=1, cache_len=cache_len)
-    path = export.save(exported, tmp_path / "smollm_step.jaxexport")
-    assert path.stat().st_size < 0.01 * smollm.params.nbytes(), "the weights must not be baked into the file"
-    want = export.greedy_decode(jax.jit(export.decode_step), smollm.params, [prompt], n, cache_len)
-    assert want[0][0].tolist() == golden["greedy_ids"][:n]
-    got = export.exported_in_fresh_process(path, [prompt], n, cache_len)
+    exported = export.export_decode_step(small_model.params, batch=1, cache_len=cache_len)
+    path = export.save(exported, tmp_path / "small_step.jaxexport")
+    assert path.stat().st_size < 0.01 * small_model.params.nbytes(), "the weights must not be baked into the file"
+    want = export.greedy_decode(jax.jit(export.decode_step), small_model.params, [prompt], n, cache_len)
+    assert len(set(want[0][0].tolist())) > 1, "the tokens do not vary"
+    got = export.exported_in_fresh_process(path, [prompt], n, cache_len, model=small)
     np.testing.assert_array_equal(got["tokens"], want[0])
     np.testing.assert_allclose(got["logits"], want[1], rtol=1e-6, atol=1e-6)
 

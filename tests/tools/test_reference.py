@@ -1,8 +1,9 @@
 """jaxlab against the reference implementation (transformers on the same GGUF), float32, CPU.
 
 * last-position logits: max|ours - ref| / max|ref| <= 1e-4 (matmul precision "highest")
-* cached step-by-step decode == uncached forward at every position
-* prompts of different lengths batched together == each run alone
+* cached step-by-step decode and chunked cached prefill == uncached forward at every position
+* prompts of different lengths batched together == each run alone (wiring: on the first two layers; on the whole
+  model the greedy tests below run ragged batches against transformers on each prompt alone)
 * greedy 32-token continuations and prompt ids == transformers' (EOS ignored)
 * the golden files in data/reference/ are what the reference produces now
 """
@@ -77,11 +78,39 @@ def fwd():
     return jax.jit(forward, static_argnames=("last_only",))
 
 
+_REFERENCE_LOGITS, _REFERENCE_GREEDY = ref_lib.reference_logits, ref_lib.reference_greedy
+
+
+@pytest.fixture(scope="module")
+def reference_runs(reference):
+    """(logits, greedy): ``reference_logits`` and ``reference_greedy`` of ``jaxlab.tools.reference``, each distinct
+    request run once in this module. The "chat" prompt of ``ID_PROMPTS`` is the first golden prompt, and the first of
+    ``GREEDY_PROMPTS`` too: the tests below and ``make_golden`` (``test_golden_files_are_fresh``) share its runs."""
+    model, _ = reference
+    runs: dict = {}
+
+    def logits(m, ids):
+        assert m is model
+        key = ("logits", tuple(ids))
+        if key not in runs:
+            runs[key] = _REFERENCE_LOGITS(m, ids)
+        return runs[key].copy()
+
+    def greedy(m, ids, n=ref_lib.GREEDY_TOKENS):
+        assert m is model
+        key = ("greedy", tuple(ids), n)
+        if key not in runs:
+            runs[key] = _REFERENCE_GREEDY(m, ids, n)
+        return list(runs[key])
+
+    return logits, greedy
+
+
 @pytest.mark.parametrize("name", list(ID_PROMPTS))
-def test_last_logits_match_reference(name, smollm, reference, fwd, parity):
+def test_last_logits_match_reference(name, smollm, reference, reference_runs, fwd, parity):
     ids = ID_PROMPTS[name]
     model, _ = reference
-    ref = ref_lib.reference_logits(model, ids)
+    ref = reference_runs[0](model, ids)
     ours, _ = fwd(smollm.params, jnp.asarray([ids]), jnp.arange(len(ids))[None])
     ours = np.asarray(ours[0])
     err_last = rel_err(ours[-1], ref[-1])
@@ -94,10 +123,16 @@ def test_last_logits_match_reference(name, smollm, reference, fwd, parity):
     assert ours[-1].argmax() == ref[-1].argmax()
 
 
+#: Cache slots of the cached passes below: room for the whole "chat" prompt.
+CACHE_SLOTS = 48
+
+
 def test_cached_decode_equals_uncached(smollm, fwd, parity):
-    ids = ID_PROMPTS["chat"][:20]
+    """Step by step through the cache == one uncached pass, at every position of the "chat" prompt (whose uncached
+    pass ``test_last_logits_match_reference`` compiled; the one-token step serves the chunked prefill below)."""
+    ids = ID_PROMPTS["chat"]
     full, _ = fwd(smollm.params, jnp.asarray([ids]), jnp.arange(len(ids))[None])
-    cache = init_cache(smollm.config, 1, 32)
+    cache = init_cache(smollm.config, 1, CACHE_SLOTS)
     steps = []
     for t, tok in enumerate(ids):
         logits, cache = fwd(smollm.params, jnp.asarray([[tok]]), jnp.asarray([[t]]), cache)
@@ -108,23 +143,41 @@ def test_cached_decode_equals_uncached(smollm, fwd, parity):
 
 
 def test_chunked_cached_prefill_equals_uncached(smollm, fwd):
-    """Prefill in two chunks through the cache == one uncached pass."""
-    ids = ID_PROMPTS["chat"][:24]
+    """Prefill in chunks through the cache (three of 12 tokens, then the 37th alone, by the one-token step of
+    ``test_cached_decode_equals_uncached``) == one uncached pass."""
+    ids = ID_PROMPTS["chat"]
+    assert len(ids) == 37
     full, _ = fwd(smollm.params, jnp.asarray([ids]), jnp.arange(len(ids))[None])
-    cache = init_cache(smollm.config, 1, 32)
-    a, cache = fwd(smollm.params, jnp.asarray([ids[:16]]), jnp.arange(16)[None], cache)
-    b, cache = fwd(smollm.params, jnp.asarray([ids[16:]]), jnp.arange(16, 24)[None], cache)
-    assert rel_err(np.concatenate([a[0], b[0]]), full[0]) <= 1e-5
+    cache = init_cache(smollm.config, 1, CACHE_SLOTS)
+    chunks = []
+    for start, end in ((0, 12), (12, 24), (24, 36), (36, 37)):
+        logits, cache = fwd(smollm.params, jnp.asarray([ids[start:end]]), jnp.arange(start, end)[None], cache)
+        chunks.append(np.asarray(logits[0]))
+    assert rel_err(np.concatenate(chunks), full[0]) <= 1e-5
 
 
-def test_batched_ragged_equals_alone(smollm, generator, parity):
+@pytest.fixture(scope="module")
+def small_generator(small_model):
+    from jaxlab.engine.generate import Generator
+
+    return Generator(small_model.params, small_model.tokenizer)
+
+
+def test_batched_ragged_equals_alone(small_generator, parity):
+    """Wiring (padding, masks, per-row positions), on the embedded model's first two layers. On the whole model,
+    ragged batches are checked against transformers run on each prompt alone: the golden prompts (35 to 41 tokens,
+    one batch: ``test_our_outputs_match_golden``) and ``GREEDY_PROMPTS`` (one batch)."""
     prompts = [ID_PROMPTS["chat"], ID_PROMPTS["text"], ID_PROMPTS["one token"]]
-    together = generator.generate(prompts, 12, ignore_eos=True, logprobs=True)
+    together = small_generator.generate(prompts, 12, ignore_eos=True, logprobs=True)
+    assert len({tuple(r.generated_ids) for r in together}) == len(prompts), "the rows should differ"
     for p, r in zip(prompts, together):
-        alone = generator.generate([p], 12, ignore_eos=True, logprobs=True)[0]
+        alone = small_generator.generate([p], 12, ignore_eos=True, logprobs=True)[0]
         assert r.generated_ids == alone.generated_ids
         np.testing.assert_allclose(r.logprobs, alone.logprobs, atol=1e-4)
-    parity(f"batched ragged prompts (lengths {[len(p) for p in prompts]}) == each alone: 12 greedy tokens each")
+    parity(
+        f"batched ragged prompts (lengths {[len(p) for p in prompts]}) == each alone: 12 greedy tokens each "
+        "(the first two layers)"
+    )
 
 
 GREEDY_PROMPTS = [
@@ -137,7 +190,7 @@ GREEDY_PROMPTS = [
 ]
 
 
-def test_greedy_and_prompt_ids_match_transformers_generate(smollm, generator, reference, parity):
+def test_greedy_and_prompt_ids_match_transformers_generate(smollm, generator, reference, reference_runs, parity):
     model, ref_tok = reference
     tok = smollm.tokenizer
     ours_ids = [
@@ -149,15 +202,18 @@ def test_greedy_and_prompt_ids_match_transformers_generate(smollm, generator, re
     n = 32
     results = generator.generate(ours_ids, n, ignore_eos=True)
     for p, ids, r in zip(GREEDY_PROMPTS, ours_ids, results):
-        assert r.generated_ids == ref_lib.reference_greedy(model, ids, n), f"greedy tokens differ for {p!r}"
+        assert r.generated_ids == reference_runs[1](model, ids, n), f"greedy tokens differ for {p!r}"
     parity(
         f"greedy {n}-token continuations identical to transformers.generate for {len(GREEDY_PROMPTS)} chat prompts (one batch)"
     )
 
 
-def test_golden_files_are_fresh(gguf_path, reference):
-    """Regenerate the golden data with the reference; the stored file must be identical."""
+def test_golden_files_are_fresh(gguf_path, reference, reference_runs, monkeypatch):
+    """Regenerate the golden data with the reference; the stored file must be identical. ``make_golden`` runs
+    transformers through ``reference_runs``: the first golden prompt's runs are the ones the tests above made."""
     stored = ref_lib.load_golden()
+    monkeypatch.setattr(ref_lib, "reference_logits", reference_runs[0])
+    monkeypatch.setattr(ref_lib, "reference_greedy", reference_runs[1])
     fresh = ref_lib.make_golden(gguf_path, reference=reference)
     assert stored["model_sha256"] == fresh["model_sha256"]
     for s, f in zip(stored["prompts"], fresh["prompts"]):
