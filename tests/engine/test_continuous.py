@@ -48,7 +48,7 @@ def alone(params, prompt, n, sampling=None, seed=0, **kw):
 def test_tiny_engine_equals_the_contiguous_generator(tiny_params):
     prompts = [[1, 5, 9, 33, 7, 80, 12, 19, 20, 21, 22], [1, 44], [1] + list(range(100, 130))]
     want = [r.generated_ids for r in Generator(tiny_params).generate(prompts, 12, ignore_eos=True)]
-    eng = tiny_engine(tiny_params)
+    eng = tiny_engine(tiny_params, ALONE_PROGRAMS)  # the reference engines' programs (top_logprobs runs them again)
     got = [r.generated_ids for r in eng.generate(prompts, 12, ignore_eos=True)]
     assert got == want
 
@@ -69,7 +69,8 @@ def test_batch_invariance_under_random_arrivals_and_preemptions(tiny_params, see
     preempt) equal its tokens alone through the same kind of engine; greedy and sampled requests mixed."""
     rng = random.Random(seed)
     mix = random_mix(rng, 9)
-    eng = tiny_engine(tiny_params, num_pages=1 + 12)  # 12 pages of 4: three long requests do not fit at once
+    pages = 1 + 12  # 12 pages of 4: three long requests do not fit at once (one, of at most 45 tokens, does)
+    eng = tiny_engine(tiny_params, ALONE_PROGRAMS, num_pages=pages)  # the shapes of the engines alone below
     streams, step = {}, 0
     pending = sorted(mix, key=lambda m: m[0])
     while pending or eng.has_work:
@@ -81,7 +82,7 @@ def test_batch_invariance_under_random_arrivals_and_preemptions(tiny_params, see
         assert step < 3000
     assert eng.scheduler.preemptions > 0, "the mix was meant to preempt"
     for _, prompt, n, sp, i in mix:
-        assert streams[i].token_ids == alone(tiny_params, prompt, n, sp, seed=i), f"request {i}"
+        assert streams[i].token_ids == alone(tiny_params, prompt, n, sp, seed=i, num_pages=pages), f"request {i}"
         assert len(streams[i].token_ids) == n and streams[i].finish_reason == "length"
     assert eng.pool.free_count == eng.pool.capacity
 
@@ -172,8 +173,8 @@ def test_real_model_greedy_tokens_equal_the_generator(engine, generator, smollm)
 def test_pallas_attention_gives_the_same_tokens_with_no_compile_after_warmup(small_model):
     """The engine with ``attention="pallas"`` (the ragged paged kernel, interpret mode on a CPU): the XLA engine's
     greedy tokens, past a page boundary, and 0 compilations once warm. On the embedded model's first two layers
-    (its weights, GQA and head size): the kernel runs per layer, and 30 layers of it in interpret mode cost
-    40 s to compile here. The whole model with the Pallas kernels: notebook 13 (greedy tokens equal XLA's)."""
+    (its weights, GQA and head size): the kernel runs per layer, and 30 layers of it in interpret mode took
+    tens of seconds to compile. The whole model with the Pallas kernels: notebook 13 (greedy tokens equal XLA's)."""
     from jaxlab.engine.model import with_attention
 
     tok = small_model.tokenizer
