@@ -69,8 +69,7 @@ def test_batch_invariance_under_random_arrivals_and_preemptions(tiny_params, see
     preempt) equal its tokens alone through the same kind of engine; greedy and sampled requests mixed."""
     rng = random.Random(seed)
     mix = random_mix(rng, 9)
-    pages = 1 + 12  # 12 pages of 4: three long requests do not fit at once (one, of at most 45 tokens, does)
-    eng = tiny_engine(tiny_params, ALONE_PROGRAMS, num_pages=pages)  # the shapes of the engines alone below
+    eng = tiny_engine(tiny_params, num_pages=1 + 12)  # 12 pages of 4: three long requests do not fit at once
     streams, step = {}, 0
     pending = sorted(mix, key=lambda m: m[0])
     while pending or eng.has_work:
@@ -82,7 +81,7 @@ def test_batch_invariance_under_random_arrivals_and_preemptions(tiny_params, see
         assert step < 3000
     assert eng.scheduler.preemptions > 0, "the mix was meant to preempt"
     for _, prompt, n, sp, i in mix:
-        assert streams[i].token_ids == alone(tiny_params, prompt, n, sp, seed=i, num_pages=pages), f"request {i}"
+        assert streams[i].token_ids == alone(tiny_params, prompt, n, sp, seed=i), f"request {i}"
         assert len(streams[i].token_ids) == n and streams[i].finish_reason == "length"
     assert eng.pool.free_count == eng.pool.capacity
 
