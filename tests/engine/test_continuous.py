@@ -10,6 +10,7 @@ import pytest
 from jaxlab.engine.continuous import Engine
 from jaxlab.engine.generate import Generator
 from jaxlab.engine.model import init_params
+from jaxlab.engine.programs import Programs
 from jaxlab.engine.sampling import SamplingParams
 from jaxlab.errors import InvalidRequestError
 from jaxlab.io.config import tiny
@@ -21,14 +22,24 @@ def tiny_params():
     return init_params(tiny(), 7)
 
 
-def tiny_engine(params, **kw):
+def tiny_engine(params, programs=None, **kw):
+    """A fresh engine over the tiny model; ``programs``: a compiled-program table to share (each engine compiles
+    its own by default), for tests whose check is the tokens, not what an engine compiles."""
     opts = dict(slots=3, page_size=4, chunk=8, context=64)
     opts.update(kw)
-    return Engine(params, **opts)
+    eng = Engine(params, **opts)
+    if programs is not None:
+        eng.programs = programs  # same config and shapes: the signatures match, nothing else is shared
+    return eng
+
+
+#: The compiled programs of the tiny engines that serve as references ("alone"): fresh engines, one table, so the
+#: dozens of single-request engines below compile each program once instead of once per engine.
+ALONE_PROGRAMS = Programs()
 
 
 def alone(params, prompt, n, sampling=None, seed=0, **kw):
-    eng = tiny_engine(params, **kw)
+    eng = tiny_engine(params, ALONE_PROGRAMS, **kw)
     s = eng.add_request(prompt, sampling, max_new_tokens=n, seed=seed, ignore_eos=True)
     eng.run()
     return s.token_ids
@@ -37,7 +48,7 @@ def alone(params, prompt, n, sampling=None, seed=0, **kw):
 def test_tiny_engine_equals_the_contiguous_generator(tiny_params):
     prompts = [[1, 5, 9, 33, 7, 80, 12, 19, 20, 21, 22], [1, 44], [1] + list(range(100, 130))]
     want = [r.generated_ids for r in Generator(tiny_params).generate(prompts, 12, ignore_eos=True)]
-    eng = tiny_engine(tiny_params)
+    eng = tiny_engine(tiny_params, ALONE_PROGRAMS)  # the reference engines' programs (top_logprobs runs them again)
     got = [r.generated_ids for r in eng.generate(prompts, 12, ignore_eos=True)]
     assert got == want
 
@@ -78,9 +89,9 @@ def test_batch_invariance_under_random_arrivals_and_preemptions(tiny_params, see
 def test_prefix_reuse_gives_the_same_tokens_and_computes_less(tiny_params):
     system = [1] + list(range(50, 70))  # 21 tokens: 5 full pages of 4
     prompts = [system + [200 + i, 201 + i] for i in range(4)]
-    results = {}
+    results, programs = {}, Programs()  # the two engines run the same shapes
     for reuse in (False, True):
-        eng = tiny_engine(tiny_params, prefix_reuse=reuse, slots=2)
+        eng = tiny_engine(tiny_params, programs, prefix_reuse=reuse, slots=2)
         streams = [eng.add_request(p, max_new_tokens=6, ignore_eos=True) for p in prompts]
         eng.run()
         results[reuse] = ([s.token_ids for s in streams], eng.pool.reused_pages)
@@ -139,7 +150,9 @@ def test_bad_requests_say_what_to_do(tiny_params):
 
 @pytest.fixture(scope="module")
 def engine(smollm):
-    eng = Engine(smollm.params, smollm.tokenizer, slots=4, page_size=16, chunk=64, context=512)
+    # context 256 = one page-table width (paged.BLOCK_TOKENS): warm-up compiles one decode and one prefill program,
+    # all these short requests need (the widths past the first: test_chunks_of_one_step_may_cross_page_table_widths)
+    eng = Engine(smollm.params, smollm.tokenizer, slots=4, page_size=16, chunk=64, context=256)
     eng.warmup()
     return eng
 
@@ -156,18 +169,22 @@ def test_real_model_greedy_tokens_equal_the_generator(engine, generator, smollm)
         assert g.generated_ids == w.generated_ids and g.text == w.text
 
 
-def test_real_model_pallas_attention_gives_the_same_tokens_with_no_compile_after_warmup(engine, smollm):
+def test_pallas_attention_gives_the_same_tokens_with_no_compile_after_warmup(small_model):
     """The engine with ``attention="pallas"`` (the ragged paged kernel, interpret mode on a CPU): the XLA engine's
-    greedy tokens on the real model, and 0 compilations once warm."""
+    greedy tokens, past a page boundary, and 0 compilations once warm. On the embedded model's first two layers
+    (its weights, GQA and head size): the kernel runs per layer, and 30 layers of it in interpret mode took
+    tens of seconds to compile. The whole model with the Pallas kernels: notebook 13 (greedy tokens equal XLA's)."""
     from jaxlab.engine.model import with_attention
 
-    tok = smollm.tokenizer
+    tok = small_model.tokenizer
     prompts = [tok.encode(t) for t in ("The capital of France is", "def fibonacci(n):")]
-    want = engine.generate(prompts, max_new_tokens=8, ignore_eos=True)
-    kern = Engine(with_attention(smollm.params, "pallas"), tok, slots=2, page_size=16, chunk=64, context=256)
+    opts = dict(slots=2, page_size=16, chunk=64, context=256)
+    # 16 new tokens after a prompt of 5+ tokens: the decode steps write and read a second page of 16
+    want = Engine(small_model.params, tok, **opts).generate(prompts, max_new_tokens=16, ignore_eos=True)
+    kern = Engine(with_attention(small_model.params, "pallas"), tok, **opts)
     kern.warmup()
     with CompileCounter() as cc:
-        got = kern.generate(prompts, max_new_tokens=8, ignore_eos=True)
+        got = kern.generate(prompts, max_new_tokens=16, ignore_eos=True)
     assert cc.count == 0, cc.names
     assert [g.generated_ids for g in got] == [w.generated_ids for w in want]
 
@@ -180,16 +197,18 @@ def test_real_model_streams_text_and_stops(engine, smollm):
     assert s.finish_reason == "stop" and s.first_token_at is not None
 
 
-def test_real_model_logits_equal_the_contiguous_cache(smollm):
-    """Logits within 1e-5 (float32) of the contiguous cache for a prompt and decode steps on the real weights."""
+def test_logits_on_real_weights_equal_the_contiguous_cache(small_model):
+    """Logits within 1e-5 (float32) of the contiguous cache for a prompt and decode steps on the real weights (the
+    embedded model's first two layers; pages in reverse order). The whole model through the paged cache:
+    test_real_model_greedy_tokens_equal_the_generator."""
     import jax.numpy as jnp
     from conftest import jit_forward as forward
 
     from jaxlab.engine.kvcache import init_cache
     from jaxlab.engine.paged import init_paged_cache
 
-    params = smollm.params
-    ids = smollm.tokenizer.encode("The quick brown fox jumps over the lazy dog because")
+    params = small_model.params
+    ids = small_model.tokenizer.encode("The quick brown fox jumps over the lazy dog because")
     n = len(ids)
     ref_cache = init_cache(params.config, 1, 256)
     pcache = init_paged_cache(params.config, 17, 16).with_table(np.asarray([list(range(16, 0, -1))]))
@@ -232,10 +251,12 @@ def test_top_logprobs_come_with_each_token(tiny_params):
     for tok, lp, alts in zip(top.token_ids, top.logprobs, top.top_logprobs):
         assert len(alts) == 3 and alts[0][0] == tok and alts[0][1] == pytest.approx(lp, abs=1e-6)
         assert alts[0][1] >= alts[1][1] >= alts[2][1]
-    alone = tiny_engine(tiny_params).add_request([1, 44, 45], max_new_tokens=6, ignore_eos=True).result()
+    alone = tiny_engine(tiny_params, ALONE_PROGRAMS).add_request([1, 44, 45], max_new_tokens=6, ignore_eos=True)
+    alone = alone.result()
     assert (
         plain.token_ids == alone.generated_ids
-        and top.token_ids == tiny_engine(tiny_params).generate([prompt], 6, ignore_eos=True)[0].generated_ids
+        and top.token_ids
+        == tiny_engine(tiny_params, ALONE_PROGRAMS).generate([prompt], 6, ignore_eos=True)[0].generated_ids
     )
     with pytest.raises(InvalidRequestError, match="top_logprobs"):
         eng.add_request(prompt, top_logprobs=21)

@@ -50,9 +50,30 @@ def tiny_params():
 
 
 @pytest.fixture(scope="module")
-def tiny_reference(tiny_params):
+def tiny_generator(tiny_params):
+    """The single-device Generator of the tiny model: its compiled programs serve every test that runs PROMPTS."""
+    return Generator(tiny_params)
+
+
+@pytest.fixture(scope="module")
+def one_device(tiny_params):
+    """one_device(strategy): the tiny model on a 1x1 mesh, one Sharded per strategy for the module, so the tests
+    that run it share its compiled programs."""
+    made = {}
+
+    def get(strategy):
+        if strategy not in made:
+            made[strategy] = S.shard(tiny_params, "data=1,model=1", strategy)
+        return made[strategy]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def tiny_reference(tiny_generator):
     """Single-device greedy tokens and logits of the tiny model on PROMPTS."""
-    ids = [r.generated_ids for r in Generator(tiny_params).generate(PROMPTS, 10, ignore_eos=True)]
+    tiny_params = tiny_generator.params
+    ids = [r.generated_ids for r in tiny_generator.generate(PROMPTS, 10, ignore_eos=True)]
     tokens, positions = left_pad(PROMPTS, 2)
     logits = np.asarray(jax.jit(forward)(tiny_params, tokens, positions)[0])
     return ids, logits
@@ -199,16 +220,16 @@ def test_padding_quantized_heads_keeps_the_function(tiny_params, fmt):
             placement.pad_kernel(params.flat()["layers.0.attn.wo"], 6, 0, "wo")
 
 
-def test_sharding_math_also_runs_on_one_device(tiny_params, tiny_reference):
+def test_sharding_math_also_runs_on_one_device(one_device, tiny_reference):
     """A 1x1 mesh runs every strategy's code path (and is what a 1-device Colab runtime gets)."""
     for strategy, prefill in (("data", True), ("tensor", False), ("shard_map", True), ("pmap", False)):
-        sm = S.shard(tiny_params, "data=1,model=1", strategy)
+        sm = one_device(strategy)
         assert sm.generate(PROMPTS, 10, ignore_eos=True, prefill=prefill) == tiny_reference[0], strategy
         np.testing.assert_allclose(sm.prompt_logits(), tiny_reference[1][:, -1], atol=1e-5, rtol=1e-5)
 
 
-def test_generate_validates_requests(tiny_params):
-    sm = S.shard(tiny_params, "data=1", "data")
+def test_generate_validates_requests(tiny_params, one_device):
+    sm = one_device("data")  # "data=1": the same 1x1 mesh
     with pytest.raises(InvalidRequestError):
         sm.generate([[]], 4)
     with pytest.raises(InvalidRequestError, match="vocabulary"):
@@ -219,13 +240,15 @@ def test_generate_validates_requests(tiny_params):
         S.shard(tiny_params, "data=1", "pipeline")
 
 
-def test_results_stream_and_stop_like_the_generator(tiny_params, tiny_reference, smollm):
+def test_results_stream_and_stop_like_the_generator(tiny_params, tiny_generator, one_device, tiny_reference, smollm):
     """The host side is the Generator's (TextStops): the same texts, stop strings, streamed pieces, logprobs."""
     tok = smollm.tokenizer  # any tokenizer decodes the tiny model's ids (< 263) to some text
     text = tok.decode(tiny_reference[0][0])
     stop = [text[len(text) // 2 : len(text) // 2 + 2]]
     runs = {}
-    for name, gen in [("one device", Generator(tiny_params, tok)), ("mesh", S.shard(tiny_params, "data=1", "data"))]:
+    single = Generator(tiny_params, tok)
+    single.programs = tiny_generator.programs  # the same model and shapes: its compiled programs
+    for name, gen in [("one device", single), ("mesh", one_device("data"))]:
         pieces = []
         kwargs = dict(ignore_eos=True, stop=stop, logprobs=True, on_text=lambda i, piece: pieces.append((i, piece)))
         if name == "mesh":
@@ -240,9 +263,9 @@ def test_results_stream_and_stop_like_the_generator(tiny_params, tiny_reference,
         np.testing.assert_allclose(g, w, atol=1e-5)
 
 
-def test_eos_ends_a_row_like_the_generator(tiny_params):
+def test_eos_ends_a_row_like_the_generator(tiny_params, tiny_generator):
     # a config whose EOS is the token the tiny model emits first for prompt 0 ends that row at once
-    first = Generator(tiny_params).generate([PROMPTS[0]], 1, ignore_eos=True)[0].generated_ids[0]
+    first = tiny_generator.generate([PROMPTS[0]], 1, ignore_eos=True)[0].generated_ids[0]
     params = jaxlab.engine.model.replace_config(tiny_params, eos_id=first)
     want = [r.generated_ids for r in Generator(params).generate(PROMPTS, 6)]
     assert S.shard(params, "data=1", "data").generate(PROMPTS, 6) == want

@@ -3,6 +3,8 @@ rule that keeps the target distribution (checked statistically, with two wrong r
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -52,6 +54,18 @@ def tiny_params():
 @pytest.fixture(scope="module")
 def plain(tiny_params):
     return Generator(tiny_params)
+
+
+@pytest.fixture(scope="module")
+def plain_alone(plain):
+    """plain_alone(prompt, n): plain greedy's tokens for one prompt alone (``ignore_eos``), each (prompt, n) run once
+    per module: the tests below compare several decoders with the same runs."""
+
+    @functools.cache
+    def ids(prompt: tuple, n: int) -> list:
+        return plain.generate([list(prompt)], n, ignore_eos=True)[0].generated_ids
+
+    return lambda prompt, n: ids(tuple(prompt), n)
 
 
 def mixed_prompts(n=10, seed=0):
@@ -161,12 +175,12 @@ def test_draft_of_quantized_params(tiny_params):
 
 
 @pytest.mark.parametrize("method,layers", [("ngram", None), ("draft", 1)])
-def test_greedy_equals_plain_greedy_tiny(tiny_params, plain, method, layers):
+def test_greedy_equals_plain_greedy_tiny(tiny_params, plain_alone, method, layers):
     prompts = mixed_prompts(10)
     dec = spec.SpeculativeDecoder(tiny_params, method=method, k=K, draft_layers=layers or 1)
     proposed = accepted = 0
     for p in prompts:
-        want = plain.generate([p], 48, ignore_eos=True)[0].generated_ids
+        want = plain_alone(p, 48)
         got = dec.generate([p], 48)[0]
         assert got.generated_ids == want, f"{method}: prompt {p[:8]}..."
         proposed, accepted = proposed + got.proposed, accepted + got.accepted
@@ -182,10 +196,10 @@ def test_full_depth_draft_accepts_everything(tiny_params, plain):
     assert r.generated_ids == plain.generate([p], 21, ignore_eos=True)[0].generated_ids
 
 
-def test_batch_lockstep_is_exact(tiny_params, plain):
+def test_batch_lockstep_is_exact(tiny_params, plain, plain_alone):
     prompts = mixed_prompts(6, seed=1)
     batched_plain = [r.generated_ids for r in plain.generate(prompts, 40, ignore_eos=True)]
-    alone = [plain.generate([p], 40, ignore_eos=True)[0].generated_ids for p in prompts]
+    alone = [plain_alone(p, 40) for p in prompts]
     assert batched_plain == alone
     for method in ("ngram", "draft"):
         dec = spec.SpeculativeDecoder(tiny_params, method=method, k=K, draft_layers=1)
@@ -355,21 +369,16 @@ def test_the_statistical_test_catches_wrong_rules(wrong_rule):
     assert min(chi2_pvalue(c, P[j]) for j, c in enumerate(freqs)) < 1e-12
 
 
-@pytest.mark.parametrize("method,layers", [("draft", 1), ("draft", 3), ("ngram", None)])
-def test_speculative_sampling_end_to_end(method, layers):
-    """2000 copies of one prompt through the sampler, on an 11-token model: the 2nd and 3rd generated
-    tokens follow the model's exact marginals (computed by enumerating every 2-token continuation).
-    A 1-layer draft is often rejected (the residual path), a full-depth one is almost always accepted
-    (the bonus path); the n-gram draft is a point mass."""
+SAMPLING_PROMPT = [3, 4, 5, 6, 7, 3, 4]
+
+
+@pytest.fixture(scope="module")
+def eleven_token_model():
+    """An 11-token model and the exact marginals of its 2nd and 3rd generated tokens after SAMPLING_PROMPT
+    (computed once, by enumerating every 2-token continuation): (params, [m2, m3])."""
     cfg = tiny().replace(vocab_size=11, max_seq_len=256)
     params = scaled(cfg, 3, 10.0)
-    prompt = [3, 4, 5, 6, 7, 3, 4]
-    v, n = cfg.vocab_size, 2000
-    sp = SamplingParams(temperature=1.0)
-    dec = spec.SpeculativeDecoder(params, method=method, k=2, draft_layers=layers or 1, cache_buckets=(64,))
-    res = dec.generate([prompt] * n, 3, sp, seed=1)
-    toks = np.array([r.generated_ids for r in res])
-    assert sum(r.proposed for r in res) > 0
+    prompt, v = SAMPLING_PROMPT, cfg.vocab_size
     # exact marginals: p(t1), p(t2 | t1), p(t3 | t1, t2) for all 121 (t1, t2)
     pairs = np.array([(a, b) for a in range(v) for b in range(v)])
     seqs = np.concatenate([np.tile(prompt, (v * v, 1)), pairs], axis=1)
@@ -383,6 +392,22 @@ def test_speculative_sampling_end_to_end(method, layers):
     p3_given = probs[:, t + 1].reshape(v, v, v)  # [t1, t2, t3]
     m2 = p1 @ p2_given
     m3 = np.einsum("a,ab,abc->c", p1, p2_given, p3_given)
+    return params, [m2, m3]
+
+
+@pytest.mark.parametrize("method,layers", [("draft", 1), ("draft", 3), ("ngram", None)])
+def test_speculative_sampling_end_to_end(eleven_token_model, method, layers):
+    """2000 copies of one prompt through the sampler, on an 11-token model: the 2nd and 3rd generated
+    tokens follow the model's exact marginals (computed by enumerating every 2-token continuation).
+    A 1-layer draft is often rejected (the residual path), a full-depth one is almost always accepted
+    (the bonus path); the n-gram draft is a point mass."""
+    params, (m2, m3) = eleven_token_model
+    v, n = params.config.vocab_size, 2000
+    sp = SamplingParams(temperature=1.0)
+    dec = spec.SpeculativeDecoder(params, method=method, k=2, draft_layers=layers or 1, cache_buckets=(64,))
+    res = dec.generate([SAMPLING_PROMPT] * n, 3, sp, seed=1)
+    toks = np.array([r.generated_ids for r in res])
+    assert sum(r.proposed for r in res) > 0
     for col, marginal in ((1, m2), (2, m3)):
         counts = np.bincount(toks[:, col], minlength=v)
         assert chi2_pvalue(counts, marginal) > 1e-3, (method, col, counts / n, marginal)
