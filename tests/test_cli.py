@@ -144,15 +144,11 @@ def test_prompt_too_long(gguf_path, capsys):
     assert "context is 8192" in line and "shorten the prompt" in line
 
 
-def test_odd_text_is_handled(small, capsys):
-    """An empty prompt, control characters, a tab and a newline: each prompt gets its row and its tokens (one
-    command for the three, so one engine is compiled instead of three)."""
-    prompts = ["", "\x00\x07bell\x1b[31m", "tab\tand\nnewline"]
-    assert main(["generate", "--model", small, "--json", "--max-new-tokens", "3", "--ignore-eos", *prompts]) == 0
-    rows = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
-    assert [r["prompt"] for r in rows] == prompts
-    for row in rows:
-        assert len(row["generated_ids"]) == 3
+@pytest.mark.parametrize("prompt", ["", "\x00\x07bell\x1b[31m", "tab\tand\nnewline"])
+def test_odd_text_is_handled(prompt, small, capsys):
+    assert main(["generate", "--model", small, "--json", "--max-new-tokens", "3", "--ignore-eos", prompt]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert len(row["generated_ids"]) == 3
 
 
 def test_empty_raw_prompt_starts_from_bos(small, capsys):
