@@ -210,16 +210,28 @@ def generator(smollm):
 
 @pytest.fixture(scope="session")
 def converted_cache(tmp_path_factory, gguf_path):
-    """A cache folder of the tests' own (the user's stays untouched) into which the embedded model's float
-    parameters are converted once per session: tests of the quantized-parameter cache write next to them, and
-    the quantized files one test leaves there spare the next the quantizing (a test that needs a file fresh
-    deletes it first)."""
+    """A cache folder of the tests' own (the user's stays untouched) holding the embedded model's float
+    parameters, once per session: tests of the quantized-parameter cache write next to them, and the quantized
+    files one test leaves there spare the next the quantizing (a test that needs a file fresh deletes it first).
+
+    The file is copied from the cache the session's model was read from (``JAXLAB_CACHE`` or ``~/.cache/jaxlab``)
+    when that holds it: its name carries the GGUF's identity (path, size, time) and the converter's version, the
+    test the loader itself trusts, so the copy is the file a conversion would write; converting the whole model
+    again cost 15-40 s per test process. Without it, the parameters are converted here."""
     from jaxlab.engine import loading
+    from jaxlab.io import assets, param_cache
 
     path = tmp_path_factory.mktemp("cache")
+    src = param_cache.params_file(assets.cache_dir(), gguf_path)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("JAXLAB_CACHE", str(path))
-        loading.load_params()
+        dst = param_cache.params_file(assets.cache_dir(), gguf_path)
+        if src.is_file():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dst.with_suffix(".partial"))
+            os.replace(dst.with_suffix(".partial"), dst)
+        else:
+            loading.load_params()
     return path
 
 

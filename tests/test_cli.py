@@ -11,6 +11,7 @@ that two ways of decoding give the same tokens."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -220,9 +221,8 @@ def test_info_prints_the_chip_and_its_peaks(capsys, monkeypatch):
 
 def test_mesh_matches_single_device(small, capsys):
     """`jaxlab generate --mesh data=2,model=4` on the tests' 8 simulated CPU devices gives the single-device tokens."""
-    args = ["--model", small, "--max-new-tokens", "8", "--ignore-eos", "What is the capital of France?"]
-    single = generate_json(capsys, *args)["generated_ids"]
-    assert generate_json(capsys, *args, "--mesh", "data=2,model=4")["generated_ids"] == single
+    single = plain_small(small)["generated_ids"]
+    assert generate_json(capsys, *small_args(small), "--mesh", "data=2,model=4")["generated_ids"] == single
 
 
 def test_mesh_is_greedy_only(capsys):
@@ -233,17 +233,16 @@ def test_mesh_is_greedy_only(capsys):
 
 @pytest.mark.parametrize("method", ["ngram", "draft"])
 def test_speculative_gives_plain_greedy_tokens(small, capsys, method):
-    prompt = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox"
-    base = ["generate", "--model", small, "--json", "--max-new-tokens", "16", "--ignore-eos", prompt]
-    assert main(base) == 0
-    plain = json.loads(capsys.readouterr().out)["generated_ids"]
-    assert main(base + ["--speculative", method, "--draft-k", "3", "--draft-layers", "1"]) == 0
-    assert json.loads(capsys.readouterr().out)["generated_ids"] == plain
+    plain = plain_small(small)["generated_ids"]
+    spec = generate_json(capsys, *small_args(small), "--speculative", method, "--draft-k", "3", "--draft-layers", "1")
+    assert spec["generated_ids"] == plain
 
 
 def test_speculative_honours_stop_strings_like_plain(gguf_path, capsys):
     """--stop with --speculative cuts the reply where plain generation cuts it (both loops share TextStops)."""
-    base = ["generate", "--json", "--max-new-tokens", "24", "--stop", " Paris", "What is the capital of France?"]
+    # 32 new tokens, as test_mesh_reports_eos_like_the_generator: the same engine shapes, so its programs are
+    # compiled once in the run and then read from the compile cache
+    base = ["generate", "--json", "--max-new-tokens", "32", "--stop", " Paris", "What is the capital of France?"]
     plain = generate_json(capsys, *base[2:])
     assert plain["finish_reason"] == "stop"
     assert main(base + ["--speculative", "ngram", "--draft-k", "3"]) == 0
@@ -291,6 +290,29 @@ def generate_json(capsys, *args):
     return json.loads(capsys.readouterr().out)
 
 
+#: The prompt of the plain greedy run on the first two layers that several tests compare with (speculative
+#: decoding, a mesh, quantized weights): repetitive, so the n-gram drafter has something to copy.
+REPEAT = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox"
+_PLAIN: dict = {}
+
+
+def small_args(small, *extra):
+    """The arguments of the shared run on the first two layers: 16 tokens of ``REPEAT``, EOS ignored."""
+    return ["--model", small, *extra, "--max-new-tokens", "16", "--ignore-eos", REPEAT]
+
+
+def plain_small(small, *extra) -> dict:
+    """``jaxlab generate --json`` with :func:`small_args` (``extra``: more flags, ``--quant int8``), run once
+    per module and shared by the tests that compare another way of decoding with it."""
+    key = (small, *extra)
+    if key not in _PLAIN:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main(["generate", "--json", *small_args(small, *extra)]) == 0
+        _PLAIN[key] = json.loads(out.getvalue())
+    return _PLAIN[key]
+
+
 def test_generate_quant_int8_says_paris(quant_env, capsys):
     code, out, err = run_main(capsys, ["generate", "--quant", "int8", "--max-new-tokens", "16", FRANCE])
     assert code == 0, err
@@ -299,13 +321,17 @@ def test_generate_quant_int8_says_paris(quant_env, capsys):
 
 def test_quant_json_fields(quant_env, small, capsys):
     """Each format's fields, on the first two layers (what each format does to the whole model's answers:
-    tests/quant/test_quant.py, test_quality.py and notebook 09)."""
-    args = ["--model", small, "--max-new-tokens", "4", "--ignore-eos", FRANCE]
-    plain = generate_json(capsys, *args)
+    tests/quant/test_quant.py, test_quality.py and notebook 09). The plain and int8 runs are the ones the
+    speculative tests compare with (``plain_small``)."""
+    plain = plain_small(small)
     assert (plain["quant"], plain["kv_cache"], plain["computes_in"]) == (None, "float32", "float32 activations")
     for fmt, extra in (("int8", []), ("int4", ["--group-size", "32"]), ("w8a8", [])):
-        row = generate_json(capsys, "--quant", fmt, *extra, *args)
-        assert (row["quant"], row["kv_cache"], len(row["generated_ids"])) == (fmt, "float32", 4)
+        row = (
+            plain_small(small, "--quant", "int8")
+            if fmt == "int8"
+            else generate_json(capsys, *small_args(small, "--quant", fmt, *extra))
+        )
+        assert (row["quant"], row["kv_cache"], len(row["generated_ids"])) == (fmt, "float32", 16)
         assert row["computes_in"] == COMPUTES_IN[fmt]
 
 
@@ -318,10 +344,10 @@ def test_kv_cache_int8(quant_env, small, capsys, quant):
 
 def test_speculative_draft_on_quantized_weights(quant_env, small, capsys):
     """The draft model is the first layers of the quantized model; the tokens are still plain greedy's."""
-    prompt = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox"
-    base = ["--model", small, "--quant", "int8", "--max-new-tokens", "16", "--ignore-eos", prompt]
-    plain = generate_json(capsys, *base)
-    spec = generate_json(capsys, *base, "--speculative", "draft", "--draft-k", "3", "--draft-layers", "1")
+    plain = plain_small(small, "--quant", "int8")
+    spec = generate_json(
+        capsys, *small_args(small, "--quant", "int8"), "--speculative", "draft", "--draft-k", "3", "--draft-layers", "1"
+    )
     assert spec["generated_ids"] == plain["generated_ids"] and spec["quant"] == "int8"
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import importlib.util
 import io
 import json
@@ -15,6 +16,7 @@ import math
 from pathlib import Path
 
 import pytest
+from conftest import load_model
 
 from jaxlab import bench
 from jaxlab.bench import (
@@ -506,8 +508,12 @@ def quick(tmp_path_factory, small_gguf, converted_cache):
     argv += ["--model", str(small_gguf), "--json", str(tmp / "bench.json"), "--plot", str(tmp / "roofline.png")]
     if not has_peer():
         argv.append("--no-peer")
+    from jaxlab.engine import loading
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("JAXLAB_CACHE", str(converted_cache))  # the small model's converted parameters go there
+        # the session's load (conftest.load_model): --quant-only below reads the same model without loading it again
+        mp.setattr(loading, "load", functools.wraps(loading.load)(load_model))
         rc, text = run_cli(argv)
     assert rc == 0, text
     return {"text": text, "json": json.loads((tmp / "bench.json").read_text()), "png": tmp / "roofline.png"}
@@ -621,9 +627,9 @@ def test_quick_quality_report(quick):
 
 
 @pytest.mark.slow
-def test_quant_only_measures_only_the_quantized_rows(quick, tmp_path, small):
+def test_quant_only_measures_only_the_quantized_rows(quick, tmp_path, small, load_once):
     """--quant-only: no float32 rows, no peer, no stages; the same variants as the shared run, so every program
-    is already compiled in this process and the run is short."""
+    is already compiled in this process (and the model loaded: ``load_once``) and the run is short."""
     rc, text = run_cli(
         ["bench", "--quant-only", "--quick", *QUANT_ARGS, *SMALL_CEILINGS, "--model", small]
         + ["--json", str(tmp_path / "q.json")]

@@ -151,12 +151,14 @@ def test_quantized_model_equals_float_model_on_dequantized_weights(fmt, tol, tie
 def test_quantized_cached_decode_equals_uncached_forward(fmt):
     cfg = tiny()
     q = quant.quantize_params(init_params(cfg, 1), fmt, group=4)
-    tokens, positions = _tokens(cfg, 2, 9)
+    # [2, 11]: the uncached pass has the shapes of test_quantized_model_equals_float_model_on_dequantized_weights
+    # (tied, group 4), so it reuses that compiled program instead of compiling its own
+    tokens, positions = _tokens(cfg, 2, 11)
     full, _ = jax.jit(forward)(q, tokens, positions)
     cache = init_cache(cfg, 2, 16)
     step = jax.jit(forward)
     outs = []
-    for i in range(9):
+    for i in range(11):
         lg, cache = step(q, tokens[:, i : i + 1], positions[:, i : i + 1], cache)
         outs.append(lg)
     assert _rel(jnp.concatenate(outs, 1), full) < 1e-4
