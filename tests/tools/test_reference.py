@@ -238,3 +238,15 @@ def test_our_outputs_match_golden(smollm, golden, golden_measured, parity):
     n = len(golden["prompts"])
     assert r.ok and (r.greedy_identical, r.logits_ok) == (n, n), r.verdict + "\n" + "\n".join(r.lines)
     parity(f"golden file: {r.verdict}")
+
+
+def test_gguf_read_once_parses_each_file_once_and_restores_gguf(small_gguf):
+    import gguf
+
+    real = gguf.GGUFReader
+    with ref_lib.gguf_read_once():
+        first = gguf.GGUFReader(str(small_gguf))
+        assert gguf.GGUFReader(str(small_gguf)) is first  # transformers asks three times: one parse
+        assert isinstance(first, real)
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)
+    assert gguf.GGUFReader is real
