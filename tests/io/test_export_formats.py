@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import jax.numpy as jnp
 import numpy as np
@@ -310,39 +309,16 @@ def test_transformers_runs_the_exported_folder(exported, smollm, tok, transforme
 
 
 @pytest.mark.reference
-def test_transformers_runs_the_exported_gguf(exported, smollm, tok, transformers_quietly, monkeypatch):
-    import functools
-
-    import gguf
+def test_transformers_runs_the_exported_gguf(exported, smollm, tok, transformers_quietly):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from jaxlab.io import gguf as gguf_io
-    from jaxlab.tools.reference import reference_greedy
+    from jaxlab.tools.reference import gguf_read_once, reference_greedy
 
-    # transformers rebuilds gguf's tensor-name table for each of the model's ~400 modules (about 4 s here); the
-    # table depends only on (architecture, layer count), so it is made once. The weights it loads are the same.
-    monkeypatch.setattr(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map))
-    # jaxlab and transformers (twice: for the config, then for the weights) read the file with gguf's GGUFReader,
-    # whose parse of the header (the 49152 tokens and merges) takes 10-20 s here. It is parsed once: the reader
-    # jaxlab makes (GGUFReader, plus a check of each tensor's byte range) is the one transformers is handed.
-    readers = {}
-    jaxlab_reader, stock_reader = gguf_io._reader, gguf.GGUFReader
-
-    def reader_once(path):
-        key = os.path.realpath(path)
-        if key not in readers:
-            readers[key] = jaxlab_reader(path)
-        return readers[key]
-
-    monkeypatch.setattr(gguf_io, "_reader", reader_once)
     ids = tok.apply_chat_template(MESSAGES, tokenize=True)
     cfg, flat = load_gguf(exported / "m.gguf")
     assert same_model(cfg, smollm.config)
     ours = jaxlab_greedy(params_from_flat(smollm.config, flat), ids)
-    assert list(readers) == [os.path.realpath(exported / "m.gguf")]
-    monkeypatch.setattr(
-        gguf, "GGUFReader", lambda path, mode="r": readers.get(os.path.realpath(path)) or stock_reader(path, mode)
-    )
-    model = AutoModelForCausalLM.from_pretrained(exported, gguf_file="m.gguf", dtype=torch.float32).eval()
+    with gguf_read_once():  # transformers parses the file once, not once for the config and again for the weights
+        model = AutoModelForCausalLM.from_pretrained(exported, gguf_file="m.gguf", dtype=torch.float32).eval()
     assert reference_greedy(model, ids, NEW_TOKENS) == ours
