@@ -17,27 +17,13 @@ PEERS: dict[str, Any] = {}  # gguf path -> loaded transformers model (one load p
 
 
 def load_peer(model_path):
-    """The model half of :func:`jaxlab.tools.reference.load_reference` (no tokenizer: the bench feeds token ids) for a
-    GGUF file (or a Hugging Face folder or hub id), loaded once per process (kept in :data:`PEERS`)."""
+    """:func:`jaxlab.tools.reference.hf_model` (no tokenizer: the bench feeds token ids) for a GGUF file (or a Hugging
+    Face folder or hub id), loaded once per process (kept in :data:`PEERS`)."""
     key = str(Path(model_path).resolve()) if Path(model_path).exists() else str(model_path)
     if key not in PEERS:
-        import torch
-        from transformers import AutoModelForCausalLM
-        from transformers.utils import logging as hf_logging
+        from jaxlab.tools.reference import hf_model
 
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
-        if key.endswith(".gguf"):
-            from jaxlab.tools.reference import gguf_read_once
-
-            with gguf_read_once():
-                model = AutoModelForCausalLM.from_pretrained(
-                    str(Path(key).parent), gguf_file=Path(key).name, dtype=torch.float32
-                )
-        else:
-            model = AutoModelForCausalLM.from_pretrained(key, dtype=torch.float32)
-        model.eval()
-        PEERS[key] = model
+        PEERS[key] = hf_model(key, "float32")
     return PEERS[key]
 
 

@@ -48,18 +48,31 @@ LOGIT_DECIMALS = 3
 
 def load_reference(gguf_path, dtype: str = "float32"):
     """(model, tokenizer) of ``transformers`` loaded from the same GGUF file, in float32 on the CPU."""
+    from transformers import AutoTokenizer
+
+    folder, name = os.path.split(os.path.abspath(gguf_path))
+    with gguf_read_once():  # the tokenizer's parse of the file serves the model too
+        tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        model = hf_model(gguf_path, dtype)
+    return model, tok
+
+
+def hf_model(model, dtype: str = "float32"):
+    """``transformers``' causal LM in eval mode, its warnings and progress bars off, from a GGUF file (each file
+    parsed once: :func:`gguf_read_once`), a Hugging Face folder or a hub id."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    folder, name = os.path.split(os.path.abspath(gguf_path))
-    with gguf_read_once():
-        tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=getattr(torch, dtype))
-    model.eval()
-    return model, tok
+    if str(model).endswith(".gguf"):
+        folder, name = os.path.split(os.path.abspath(model))
+        with gguf_read_once():
+            loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=getattr(torch, dtype))
+    else:
+        loaded = AutoModelForCausalLM.from_pretrained(str(model), dtype=getattr(torch, dtype))
+    return loaded.eval()
 
 
 @contextlib.contextmanager

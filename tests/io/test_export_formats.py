@@ -289,10 +289,9 @@ def transformers_quietly():
 
 @pytest.mark.reference
 def test_transformers_runs_the_exported_folder(exported, smollm, tok, transformers_quietly):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    from jaxlab.tools.reference import reference_greedy
+    from jaxlab.tools.reference import hf_model, reference_greedy
 
     folder = exported / "hf"
     auto = AutoTokenizer.from_pretrained(folder)
@@ -304,21 +303,17 @@ def test_transformers_runs_the_exported_folder(exported, smollm, tok, transforme
     for name, w in smollm.params.flat().items():  # float32: the very weights
         np.testing.assert_array_equal(flat[name], np.asarray(w), err_msg=name)
     ours = jaxlab_greedy(params_from_flat(smollm.config, flat), ids)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model = hf_model(folder)  # transformers' AutoModelForCausalLM, float32
     assert reference_greedy(model, ids, NEW_TOKENS) == ours
 
 
 @pytest.mark.reference
 def test_transformers_runs_the_exported_gguf(exported, smollm, tok, transformers_quietly):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from jaxlab.tools.reference import gguf_read_once, reference_greedy
+    from jaxlab.tools.reference import hf_model, reference_greedy
 
     ids = tok.apply_chat_template(MESSAGES, tokenize=True)
     cfg, flat = load_gguf(exported / "m.gguf")
     assert same_model(cfg, smollm.config)
     ours = jaxlab_greedy(params_from_flat(smollm.config, flat), ids)
-    with gguf_read_once():  # transformers parses the file once, not once for the config and again for the weights
-        model = AutoModelForCausalLM.from_pretrained(exported, gguf_file="m.gguf", dtype=torch.float32).eval()
+    model = hf_model(exported / "m.gguf")  # transformers' AutoModelForCausalLM on the file, float32
     assert reference_greedy(model, ids, NEW_TOKENS) == ours
