@@ -143,13 +143,18 @@ def load_model(*args, **kwargs):
     return _LOADED[key]
 
 
-@pytest.fixture
-def load_once(monkeypatch):
-    """``jaxlab.engine.loading.load`` replaced by :func:`load_model` for one test: ``jaxlab.cli.main`` in this
-    process then shares the session's models instead of reading them again."""
+def share_loads(mp: pytest.MonkeyPatch) -> None:
+    """``jaxlab.engine.loading.load`` replaced by :func:`load_model` (until ``mp`` undoes it): ``jaxlab.cli.main``
+    in this process then shares the session's models instead of reading them again."""
     from jaxlab.engine import loading
 
-    monkeypatch.setattr(loading, "load", functools.wraps(loading.load)(load_model))
+    mp.setattr(loading, "load", functools.wraps(loading.load)(load_model))
+
+
+@pytest.fixture
+def load_once(monkeypatch):
+    """:func:`share_loads` for one test."""
+    share_loads(monkeypatch)
 
 
 @pytest.fixture(scope="session")

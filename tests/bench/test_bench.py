@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import functools
 import importlib.util
 import io
 import json
@@ -16,7 +15,7 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import load_model
+from conftest import share_loads
 
 from jaxlab import bench
 from jaxlab.bench import (
@@ -508,12 +507,9 @@ def quick(tmp_path_factory, small_gguf, converted_cache):
     argv += ["--model", str(small_gguf), "--json", str(tmp / "bench.json"), "--plot", str(tmp / "roofline.png")]
     if not has_peer():
         argv.append("--no-peer")
-    from jaxlab.engine import loading
-
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("JAXLAB_CACHE", str(converted_cache))  # the small model's converted parameters go there
-        # the session's load (conftest.load_model): --quant-only below reads the same model without loading it again
-        mp.setattr(loading, "load", functools.wraps(loading.load)(load_model))
+        share_loads(mp)  # the session's load: --quant-only below reads the same model without loading it again
         rc, text = run_cli(argv)
     assert rc == 0, text
     return {"text": text, "json": json.loads((tmp / "bench.json").read_text()), "png": tmp / "roofline.png"}

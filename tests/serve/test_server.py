@@ -72,14 +72,10 @@ def generated(small_gguf, converted_cache, load_once_module):
 @pytest.fixture(scope="module")
 def load_once_module():
     """``load_once`` for a module-scoped fixture."""
-    import functools
-
-    from conftest import load_model
-
-    from jaxlab.engine import loading
+    from conftest import share_loads
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(loading, "load", functools.wraps(loading.load)(load_model))
+        share_loads(mp)
         yield
 
 
