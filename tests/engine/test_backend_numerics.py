@@ -25,7 +25,7 @@ from jaxlab.engine.model import (
 )
 from jaxlab.errors import ConfigError
 from jaxlab.io.config import tiny
-from jaxlab.tools.reference import check_golden, golden_criteria, judge_golden, load_golden, measure_golden
+from jaxlab.tools.reference import check_golden, golden_criteria, judge_golden
 
 
 def device(platform, cc=None):
@@ -89,8 +89,9 @@ def test_cli_auto_quant_on_an_accelerator_says_float32(monkeypatch, capsys):
     assert "computes in" not in capsys.readouterr().err
 
 
-def test_cli_json_says_what_it_computes_in(capsys):
-    assert cli.main(["generate", "--json", "--max-new-tokens", "1", "hi"]) == 0
+def test_cli_json_says_what_it_computes_in(small, capsys):
+    """Wiring (the --json fields), on the embedded model's first two layers (``small``)."""
+    assert cli.main(["generate", "--model", small, "--json", "--max-new-tokens", "1", "hi"]) == 0
     row = json.loads(capsys.readouterr().out)
     assert (row["dtype"], row["computes_in"], row["quant"]) == ("float32", "float32 activations", None)
 
@@ -128,11 +129,6 @@ def perfect(golden):
         logits.append(v)
     greedy = [list(r["greedy_ids"]) for r in golden["prompts"]]
     return {"last_logits": logits, "greedy": greedy, "teacher_argmax": copy.deepcopy(greedy)}
-
-
-@pytest.fixture(scope="module")
-def golden():
-    return load_golden()
 
 
 @pytest.mark.parametrize("backend", ["cpu", "gpu", "tpu"])
@@ -193,10 +189,11 @@ def test_judge_needs_one_measurement_per_prompt(golden):
         judge_golden(golden, backend="cpu", **m)
 
 
-def test_real_model_passes_both_criteria(smollm, golden):
+def test_real_model_passes_both_criteria(golden, golden_measured):
     """The float32 model on this CPU: exact under the CPU criteria, and (necessarily) under the
-    accelerator ones; a golden file with one prompt's continuation changed fails both."""
-    measured = measure_golden(smollm.params, golden)
+    accelerator ones; a golden file with one prompt's continuation changed fails both. The measurement is the
+    session's one (``golden_measured``, tests/conftest.py), which tests/tools/test_reference.py judges too."""
+    measured = golden_measured
     for backend in ("cpu", "gpu"):
         r = judge_golden(golden, backend=backend, **measured)
         assert r.ok, r.verdict

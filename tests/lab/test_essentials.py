@@ -51,9 +51,11 @@ def test_block_steps_chained_give_the_model_logits(tiny_params):
         step, state = essentials.block_step(tiny_params, layer=i)
         x = jax.jit(step)(state, x, positions)
     logits = jnp.einsum("btd,vd->btv", model.norm(x), model.embed[...], precision="highest")
-    want = essentials.forward_logits(tiny_params, tokens, positions)
+    # compiled, not eager: op by op, the two whole passes compiled one small program per operation and shape
+    want = jax.jit(essentials.forward_logits)(tiny_params, tokens, positions)
     np.testing.assert_allclose(np.asarray(logits), np.asarray(want), rtol=1e-4, atol=1e-4)
-    np.testing.assert_array_equal(np.asarray(want), np.asarray(forward(tiny_params, tokens, positions)[0]))
+    same = jax.jit(lambda p, t, q: forward(p, t, q)[0])(tiny_params, tokens, positions)
+    np.testing.assert_array_equal(np.asarray(want), np.asarray(same))
 
 
 def test_block_inputs_shapes():
