@@ -27,6 +27,7 @@ and cached decoding all use one rule (see :mod:`jaxlab.engine.kvcache`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -578,6 +579,17 @@ def init_params(cfg: LlamaConfig, key: Array | int = 0, policy: Policy | None = 
     return Params(graphdef, state)
 
 
+@functools.lru_cache(maxsize=16)
+def _abstract_model(cfg: LlamaConfig, policy: Policy) -> tuple[Any, list]:
+    """The model's graphdef and its flat state of shapes (no arrays), once per config and policy: tracing the
+    modules' initializers for the 30-layer model takes about a second (each random key drawn is a traced update
+    of the generator's counter), and a process builds parameters for one config many times (casts, the draft's
+    cut, attention switches). The caller replaces every variable, so the cached list is never changed."""
+    abstract = nnx.eval_shape(lambda: Llama(cfg, policy, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    return graphdef, list(nnx.to_flat_state(state))
+
+
 def params_from_flat(
     cfg: LlamaConfig, flat: dict[str, Any], policy: Policy | None = None, source: str = "weights"
 ) -> Params:
@@ -585,9 +597,7 @@ def params_from_flat(
     may be a :class:`~jaxlab.quant.QuantizedMatrix` (stored ``[out, in]``: a kernel's transpose, the
     embedding as it is); it is placed as it is."""
     policy = policy or default_policy()
-    abstract = nnx.eval_shape(lambda: Llama(cfg, policy, rngs=nnx.Rngs(0)))
-    graphdef, state = nnx.split(abstract)
-    flat_state = nnx.to_flat_state(state)
+    graphdef, flat_state = _abstract_model(cfg, policy)
     expected = {param_name(p) for p, _ in flat_state}
     missing = sorted(expected - set(flat))
     extra = sorted(set(flat) - expected)
