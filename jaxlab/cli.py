@@ -179,64 +179,25 @@ def _sampling(args):
     return SamplingParams(temperature=args.temperature or 0.0, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
 
 
-def _check_dtype(dtype):
-    from jaxlab.io.config import DTYPES
+def _model_options(args):
+    """The model flags of ``args`` as one :class:`~jaxlab.engine.loading.ModelOptions`, checked. Where --quant
+    loads float32 although the backend's default is another dtype, one line on stderr says so, before the rules
+    that read the resolved dtype (a KV cache unlike the parameters) can stop the command."""
+    from jaxlab.engine.loading import ModelOptions
 
-    if dtype != "auto" and dtype not in DTYPES:
-        raise InvalidRequestError(f"unknown --dtype {dtype!r}; choose one of auto, {', '.join(sorted(DTYPES))}")
-
-
-def _resolve_dtype(args, err=None):
-    """Turn ``--dtype auto`` into the backend's default (``jaxlab.engine.loading.resolve_dtype``), in place. With
-    --quant that is float32; where the backend's default is not, say so in one line on stderr."""
-    from jaxlab.engine.loading import resolve_dtype
-    from jaxlab.engine.model import backend_default_dtype
-
-    if args.dtype != "auto":
-        return args.dtype
-    args.dtype = resolve_dtype("auto", args.quant)
-    backend_dtype = backend_default_dtype()
-    if args.quant and backend_dtype != args.dtype:
-        from jaxlab.quant import COMPUTES_IN
-
-        (err or sys.stderr).write(
-            f"jaxlab: --quant {args.quant} computes in {COMPUTES_IN[args.quant]}: "
-            f"loading float32 parameters, not this backend's default {backend_dtype}\n"
-        )
-    return args.dtype
-
-
-def _check_quant(args):
-    """Quantization and KV cache flags that cannot work (together): one line saying what to drop."""
-    if args.group_size is not None and args.quant != "int4":
-        raise InvalidRequestError(
-            f"--group-size applies to --quant int4 only; drop --group-size (got --quant {args.quant or '(none)'})"
-        )
-    if args.quant and args.dtype not in ("float32", "auto"):
-        raise InvalidRequestError(
-            f"--quant {args.quant} computes in float32; drop --dtype {args.dtype} (or pass --dtype float32 or auto)"
-        )
-    _resolve_dtype(args)
-    kv = args.kv_cache if args.kv_cache not in (None, args.dtype) else None  # a cache unlike the parameters
-    if getattr(args, "mesh", None) and (args.quant or kv):
-        drop = [f for f, on in (("--quant", args.quant), (f"--kv-cache {kv}", kv)) if on]
-        raise InvalidRequestError(
-            f"--mesh shards float parameters with a KV cache of their dtype; drop {' and '.join(drop)}"
-        )
-    if getattr(args, "attention", "xla") == "pallas" and (kv == "int8" or getattr(args, "mesh", None)):
-        raise InvalidRequestError(
-            "--attention pallas runs on one device with a float KV cache; drop --kv-cache int8 and --mesh"
-        )
-    if getattr(args, "speculative", None) and kv == "int8":
-        # measured: the verify pass computes k+1 keys/values at once, and rounding them to int8 turns its
-        # float round-off into different cache entries, so near-ties go the other way than in plain greedy
-        raise InvalidRequestError(
-            "--speculative gives plain greedy's tokens only with a float KV cache; drop --kv-cache int8"
-        )
-    if getattr(args, "speculative", None) and kv:
-        raise InvalidRequestError(
-            f"--speculative keeps its KV cache in the --dtype ({args.dtype}); drop --kv-cache {kv}"
-        )
+    weights = ModelOptions(dtype=args.dtype, quant=args.quant, group_size=args.group_size)
+    note = weights.dtype_note()
+    if note:
+        sys.stderr.write(f"jaxlab: {note}\n")
+    return weights.replace(
+        model=args.model,
+        kv_cache=args.kv_cache,
+        attention=args.attention,
+        adapter=getattr(args, "adapter", None),
+        mesh=getattr(args, "mesh", None),
+        speculative=getattr(args, "speculative", None),
+        draft_k=getattr(args, "draft_k", 4),
+    )
 
 
 def _computes_in(params) -> str:
@@ -246,32 +207,20 @@ def _computes_in(params) -> str:
     return COMPUTES_IN[params.quant] if params.quant else f"{params.policy.dtype} activations"
 
 
-def _cache_dtype(args):
-    """The KV cache's dtype: --kv-cache, else the parameters' dtype."""
-    import jax.numpy as jnp
-
-    return jnp.dtype(args.kv_cache or args.dtype)
-
-
-def _load(args):
+def _load(options):
+    """The model ``options`` ask for, with its adapter merged in; progress bars only where someone watches."""
     import dataclasses
 
-    from jaxlab.engine.loading import load
+    from jaxlab.engine.loading import load_model
     from jaxlab.engine.model import with_attention
     from jaxlab.tools import compile_cache
 
     compile_cache.enable()
-    group = DEFAULT_GROUP if args.group_size is None else args.group_size
-    # progress bars (conversion, quantization) only where someone watches
-    if getattr(args, "adapter", None) and args.quant:
-        raise InvalidRequestError(
-            "--adapter with --quant is not supported: the adapter is merged into float weights "
-            "(export the merged model, then quantize it, or drop --quant)"
-        )
-    m = load(args.model, dtype=args.dtype, quant=args.quant, group_size=group, progress=sys.stderr.isatty())
-    if getattr(args, "adapter", None):
-        m = _with_adapter(m, args.adapter)
-    return dataclasses.replace(m, params=with_attention(m.params, args.attention))
+    m = load_model(options, progress=sys.stderr.isatty())
+    if options.adapter:  # merged into the float weights, which then compute with --attention as before
+        m = _with_adapter(m, options.adapter)
+        m = dataclasses.replace(m, params=with_attention(m.params, options.attention))
+    return m
 
 
 def _with_adapter(m, folder):
@@ -283,55 +232,21 @@ def _with_adapter(m, folder):
     return dataclasses.replace(m, params=lora.merge_folder(m.params, folder))
 
 
-def _engine(args, m, slots: int, context: int):
+def _engine(options, m, slots: int, context: int):
     """The continuous-batching engine (jaxlab.engine.continuous) for ``slots`` sequences of up to ``context``
     positions; the page pool holds exactly that much."""
     from jaxlab.engine.continuous import Engine
 
-    return Engine(m.params, m.tokenizer, slots=slots, context=context, cache_dtype=_cache_dtype(args))
-
-
-def _run_requests(engine, ids, args, sampling, on_text=None):
-    """Every prompt as a request of ``engine``, run to the end -> GenerationResults. With ``on_text`` (one
-    prompt), its pieces are written as they arrive. The timings: prefill = time to the first token, decode =
-    the rest, compile = seconds this run spent compiling (included in the prefill)."""
-    compiled = engine.programs.compile_seconds_total
-    t0 = time.perf_counter()
-    streams = [
-        engine.add_request(
-            p,
-            sampling,
-            max_new_tokens=args.max_new_tokens,
-            seed=args.seed + i,
-            stop=args.stop,
-            ignore_eos=args.ignore_eos,
-        )
-        for i, p in enumerate(ids)
-    ]
-    if on_text is not None:
-        for piece in streams[0]:
-            on_text(0, piece)
-    engine.run()
-    compile_s = engine.programs.compile_seconds_total - compiled
-    results = []
-    for s in streams:
-        r = s.result()
-        first = s.first_token_at or s.finished_at
-        r.prefill_seconds, r.decode_seconds, r.compile_seconds = first - t0, s.finished_at - first, compile_s
-        results.append(r)
-    return results
+    return Engine(m.params, m.tokenizer, slots=slots, context=context, cache_dtype=options.cache_dtype)
 
 
 def cmd_generate(args, out=None):
     out = out or sys.stdout
     sampling = _sampling(args)
-    _check_dtype(args.dtype)
-    _check_quant(args)
-    if args.mesh and args.speculative:
-        raise InvalidRequestError("--mesh and --speculative cannot be combined")
+    options = _model_options(args)
     from jaxlab.io.tokenizer import prompt_ids
 
-    m = _load(args)
+    m = _load(options)
     tok = m.tokenizer
     ids = [prompt_ids(tok, p, raw=args.raw) for p in args.prompts]
     streaming = len(ids) == 1 and not args.json
@@ -350,8 +265,16 @@ def cmd_generate(args, out=None):
         ids = check_request(m.config, ids, args.max_new_tokens)
         plan(m.config, [len(p) for p in ids], args.max_new_tokens)  # a prompt too long: says how much to cut
         context = max(len(p) for p in ids) + args.max_new_tokens
-        engine = _engine(args, m, slots=len(ids), context=context)
-        results = _run_requests(engine, ids, args, sampling, on_text if streaming else None)
+        engine = _engine(options, m, slots=len(ids), context=context)
+        results = engine.generate(
+            ids,
+            args.max_new_tokens,
+            sampling,
+            seed=args.seed,
+            stop=args.stop,
+            ignore_eos=args.ignore_eos,
+            on_text=on_text if streaming else None,
+        )
     for prompt, r in zip(args.prompts, results):
         if args.json:
             out.write(
@@ -366,7 +289,7 @@ def cmd_generate(args, out=None):
                         "decode_seconds": round(r.decode_seconds, 6),
                         "compile_seconds": round(r.compile_seconds, 6),
                         "quant": m.params.quant,
-                        "kv_cache": _cache_dtype(args).name,
+                        "kv_cache": options.cache_dtype.name,
                         "dtype": m.params.policy.dtype,
                         "computes_in": _computes_in(m.params),
                     },
@@ -400,8 +323,6 @@ def _generate_speculative(args, m, ids, sampling):
     """Speculative decoding (jaxlab.engine.speculative): same tokens as plain greedy, fewer model calls."""
     from jaxlab.engine.speculative import speculative_generate
 
-    if args.draft_k < 1:
-        raise InvalidRequestError(f"--draft-k must be >= 1, got {args.draft_k}")
     rows = speculative_generate(
         m.params,
         ids,
@@ -423,14 +344,18 @@ def cmd_chat(args, stdin=None, out=None):
 
     stdin, out = stdin or sys.stdin, out or sys.stdout
     sampling = _sampling(args)
-    _check_dtype(args.dtype)
-    _check_quant(args)
-    m = _load(args)
+    options = _model_options(args)
+    m = _load(options)
     tok = m.tokenizer
     # one sequence; each turn's prompt starts with the conversation so far, whose full pages are read back
     # from the prefix table instead of computed again
-    engine = _engine(args, m, slots=1, context=min(m.config.max_seq_len, CHAT_CONTEXT))
+    engine = _engine(options, m, slots=1, context=min(m.config.max_seq_len, CHAT_CONTEXT))
     history = []
+
+    def show(_row, piece):
+        out.write(piece)
+        out.flush()
+
     if args.system:
         history.append({"role": "system", "content": args.system})
     out.write("jaxlab chat: type a message; /reset clears the history, /exit or Ctrl-D quits.\n")
@@ -455,18 +380,15 @@ def cmd_chat(args, stdin=None, out=None):
         if room < 1:
             out.write("(the conversation no longer fits in the context: /reset to start over)\n")
             continue
-        stream = engine.add_request(
-            ids,
+        (r,) = engine.generate(
+            [ids],
+            min(args.max_new_tokens, room),
             sampling,
-            max_new_tokens=min(args.max_new_tokens, room),
             seed=args.seed,
             stop=args.stop,
             ignore_eos=args.ignore_eos,
+            on_text=show,
         )
-        for piece in stream:
-            out.write(piece)
-            out.flush()
-        r = stream.result()
         out.write("\n")
         history += [{"role": "user", "content": text}, {"role": "assistant", "content": r.text}]
 
@@ -531,15 +453,6 @@ def cmd_check(args, out=None):
     return checking.run(args, out or sys.stdout)
 
 
-def _served_name(model) -> str:
-    """The model's id in the API: the embedded model's short name, else the file's or folder's name."""
-    from pathlib import Path
-
-    from jaxlab.io.assets import DEFAULT_MODEL
-
-    return DEFAULT_MODEL if model in (None, DEFAULT_MODEL) else Path(str(model).rstrip("/")).stem
-
-
 def cmd_serve(args):
     try:
         import prometheus_client  # noqa: F401
@@ -549,35 +462,30 @@ def cmd_serve(args):
         raise JaxlabError(
             f"jaxlab serve needs {e.name}, which is not installed: pip install 'jaxlab[serve]' (make lab installs it)"
         ) from None
-    from jaxlab.serve import ServeOptions, serve
+    from jaxlab.serve import ServeOptions, serve, served_name
 
-    _check_dtype(args.dtype)
-    _check_quant(args)
-    for name in ("max_batch", "context", "max_body_bytes"):
-        if getattr(args, name) < 1:
-            raise InvalidRequestError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if not 0 < args.port < 65536:
-        raise InvalidRequestError(f"--port must be in 1..65535, got {args.port}")
-    if args.rate_limit is not None and args.rate_limit <= 0:
-        raise InvalidRequestError(f"--rate-limit must be > 0 requests per minute, got {args.rate_limit}")
-    m = _load(args)
-    context = min(args.context, m.config.max_seq_len)
-    engine = _engine(args, m, slots=args.max_batch, context=context)
+    model = _model_options(args)
+    options = ServeOptions(
+        model_name=args.served_model_name or served_name(args.model),
+        api_key=args.api_key or None,
+        rate_limit=args.rate_limit,
+        max_body_bytes=args.max_body_bytes,
+        request_timeout=args.request_timeout,
+        grace_seconds=args.grace,
+        slots=args.max_batch,
+        context=args.context,
+        host=args.host,
+        port=args.port,
+    )
+    m = _load(model)
+    engine = _engine(model, m, slots=options.slots, context=min(options.context, m.config.max_seq_len))
     t0 = time.perf_counter()
     sys.stderr.write(
         f"jaxlab serve: compiling the engine's programs ({len(engine.widths) * 4} shapes: prefill and decode, greedy and sampling)...\n"
     )
     engine.warmup(sampling=True)
     sys.stderr.write(f"jaxlab serve: compiled in {time.perf_counter() - t0:.1f} s\n")
-    options = ServeOptions(
-        model_name=args.served_model_name or _served_name(args.model),
-        api_key=args.api_key or None,
-        rate_limit=args.rate_limit,
-        max_body_bytes=args.max_body_bytes,
-        request_timeout=args.request_timeout,
-        grace_seconds=args.grace,
-    )
-    return serve(engine, options, host=args.host, port=args.port)
+    return serve(engine, options)
 
 
 def _read_lines(path: str) -> list[str]:
@@ -624,31 +532,26 @@ def cmd_embed(args, out=None):
 
 
 def cmd_ask(args, out=None):
-    from jaxlab.retrieval.ask import ask, check_question
+    from jaxlab.retrieval.ask import answer
 
     out = out or sys.stdout
-    question = check_question(args.question)  # before anything loads
-    if args.k < 1:
-        raise InvalidRequestError(f"-k must be >= 1 passages, got {args.k}")
-    index = None
-    if not args.no_retrieval:
-        from jaxlab.retrieval.ask import docs_index
-
-        index = docs_index(progress=sys.stderr.isatty(), log=lambda line: sys.stderr.write(f"jaxlab ask: {line}\n"))
-    from jaxlab.engine.continuous import Engine
-    from jaxlab.engine.loading import load
-
-    m = load()
-    engine = Engine(m.params, m.tokenizer, slots=1, context=min(2048, m.config.max_seq_len))
 
     def show(piece):
         out.write(piece)
         out.flush()
 
-    answer = ask(engine, m.tokenizer, index, question, k=args.k, max_new_tokens=args.max_new_tokens, on_text=show)
+    reply = answer(
+        args.question,
+        k=args.k,
+        retrieval=not args.no_retrieval,
+        max_new_tokens=args.max_new_tokens,
+        on_text=show,
+        progress=sys.stderr.isatty(),
+        log=lambda line: sys.stderr.write(f"jaxlab ask: {line}\n"),
+    )
     out.write("\n")
-    if answer.sources:
-        out.write("\nSources:\n" + "".join(f"  [{i + 1}] {c.path}\n" for i, c in enumerate(answer.sources)))
+    if reply.sources:
+        out.write("\nSources:\n" + "".join(f"  [{i + 1}] {c.path}\n" for i, c in enumerate(reply.sources)))
     return 0
 
 

@@ -76,6 +76,15 @@ class Options:
     json: str | None = None  # write every number to this file
     plot: str | None = None  # write the roofline plot to this file
 
+    @property
+    def model_options(self):
+        """The model of the float32 rows and the stages as a :class:`jaxlab.engine.loading.ModelOptions` (the
+        options ``jaxlab generate`` loads with): float32 on every backend (bfloat16 is its own stage), with
+        :attr:`attention`."""
+        from jaxlab.engine.loading import ModelOptions
+
+        return ModelOptions(model=self.model, dtype="float32", attention=self.attention)
+
     def as_json(self) -> dict:
         """The options as the JSON report stores them (tuples as lists)."""
         out = {}
@@ -327,6 +336,7 @@ def resolve_options(args: argparse.Namespace) -> Options:
         plot=getattr(args, "plot", None),
     )
 
+    opts.model_options.check()  # the model flags' own rules, as every face checks them
     if opts.model is not None and opts.ttft:
         raise InvalidRequestError(
             "time to first token is measured on the embedded model in fresh processes; add --no-ttft with --model"

@@ -5,7 +5,6 @@ the ceilings, measure every section the options ask for, then the targets (:func
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import platform
 import sys
@@ -37,8 +36,7 @@ def run_bench(opts: Options, log=None) -> dict:
     import jax
 
     from jaxlab import __version__
-    from jaxlab.engine.loading import load
-    from jaxlab.engine.model import with_attention
+    from jaxlab.engine.loading import load_model
     from jaxlab.engine.plan import CACHE_BUCKETS, bucket
     from jaxlab.errors import InvalidRequestError
     from jaxlab.tools import hardware, profile
@@ -50,9 +48,7 @@ def run_bench(opts: Options, log=None) -> dict:
         res["ttft"] = measure_ttft(P, opts.reps, log)
 
     log(f"loading the model ({opts.model or 'embedded SmolLM2-135M'}, float32)")
-    m = load(opts.model, dtype="float32")  # the float32 rows on every backend; bfloat16 is its own stage
-    if opts.attention != "xla":  # every float32 row (and the stages) with the Pallas kernels
-        m = dataclasses.replace(m, params=with_attention(m.params, opts.attention))
+    m = load_model(opts.model_options)  # float32 on every backend (bfloat16 is its own stage), opts.attention
     cfg = m.params.config
     if P + N > cfg.max_seq_len:
         raise InvalidRequestError(

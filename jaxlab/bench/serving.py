@@ -96,6 +96,9 @@ def resolve(args) -> ServeBench:
         llama_server=peer,
         quick=quick,
     )
+    from jaxlab.engine.loading import ModelOptions
+
+    ModelOptions(quant=None if opts.quant == "none" else opts.quant, kv_cache=opts.kv_cache)  # jaxlab serve's rules
     for name in ("prompt_len", "new_tokens", "requests_per_client", "slots"):
         if getattr(opts, name) < 1:
             raise InvalidRequestError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(opts, name)}")

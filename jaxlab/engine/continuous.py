@@ -24,7 +24,7 @@ import itertools
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -368,8 +368,14 @@ class Engine:
         stop: Sequence[str] = (),
         ignore_eos: bool = False,
         logprobs: bool = False,
+        on_text: Callable[[int, str], None] | None = None,
     ) -> list[GenerationResult]:
-        """Every prompt as a request (seeds ``seed``, ``seed + 1``, ...), run to the end; results in order."""
+        """Every prompt as a request (seeds ``seed``, ``seed + 1``, ...), run to the end; results in order.
+        ``on_text(row, piece)`` is called as each row's text arrives. The results' timings: prefill = time to
+        the row's first token, decode = the rest, compile = seconds this call spent compiling (inside the
+        prefill)."""
+        compiled = self.programs.compile_seconds_total
+        t0 = time.perf_counter()
         streams = [
             self.add_request(
                 p,
@@ -382,8 +388,22 @@ class Engine:
             )
             for i, p in enumerate(prompts)
         ]
-        self.run()
-        return [s.result() for s in streams]
+        while True:
+            if on_text is not None:
+                for i, s in enumerate(streams):
+                    while s.pieces:
+                        on_text(i, s.pieces.popleft())
+            if not self.has_work:
+                break
+            self.step()
+        compile_s = self.programs.compile_seconds_total - compiled
+        results = []
+        for s in streams:
+            r = s.result()
+            first = s.first_token_at or s.finished_at
+            r.prefill_seconds, r.decode_seconds, r.compile_seconds = first - t0, s.finished_at - first, compile_s
+            results.append(r)
+        return results
 
     def warmup(self, sampling: bool = False, top_logprobs: bool = False) -> float:
         """Compile every program the engine can need (decode and prefill, each page-table width; greedy, and

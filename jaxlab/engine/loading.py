@@ -19,10 +19,14 @@ caches the result beside the float file (GGUF files and local folders; a hub id 
 load), so a later load reads the quantized file without touching the float weights. A quantized model
 computes in float32 on every backend (:data:`jaxlab.quant.COMPUTES_IN`), so ``dtype="auto"`` with
 ``quant`` means float32.
+
+:class:`ModelOptions` is what the faces ask for (``jaxlab generate``/``chat``/``serve``, ``jaxlab bench``): the
+model and how to run it, checked once when built, each problem named by its flag; :func:`load_model` loads it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +34,7 @@ from typing import Any
 
 from jaxlab import quant as quantization
 from jaxlab.engine.model import Params, backend_default_dtype, default_policy, params_from_flat
-from jaxlab.errors import ConfigError, ModelFileError
+from jaxlab.errors import ConfigError, InvalidRequestError, ModelFileError
 from jaxlab.io import assets, param_cache
 
 
@@ -194,3 +198,124 @@ def load(
         source=str(model or assets.DEFAULT_MODEL),
         path=Path(loc) if kind != "hub" else None,
     )
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """The model and how to run it: the model flags of ``jaxlab generate``, ``chat`` and ``serve`` (and the model
+    of ``jaxlab bench``), checked when built. A combination that cannot work raises
+    :class:`~jaxlab.errors.InvalidRequestError` naming the flag to drop, before anything loads."""
+
+    model: str | None = None  # --model: embedded name, .gguf file, HF folder or hub id (None: the embedded one)
+    dtype: str = "auto"  # --dtype: "auto" (see resolve_dtype), "float32" or "bfloat16"
+    quant: str | None = None  # --quant: one of jaxlab.quant.FORMATS, or None (float weights)
+    group_size: int | None = None  # --group-size: int4 only (None: jaxlab.quant.DEFAULT_GROUP)
+    kv_cache: str | None = None  # --kv-cache: one of jaxlab.quant.KV_FORMATS (None: the parameters' dtype)
+    attention: str = "xla"  # --attention: one of jaxlab.engine.model.ATTENTIONS
+    adapter: str | None = None  # --adapter: a LoRA adapter folder, merged into the float weights
+    mesh: str | None = None  # --mesh: a device mesh spec such as "data=2,model=4" (sharded, float only)
+    speculative: str | None = None  # --speculative: "ngram" or "draft"
+    draft_k: int = 4  # --draft-k: draft tokens verified per call (with --speculative)
+
+    def __post_init__(self):
+        self.check()
+
+    def check(self) -> None:
+        """Raise :class:`InvalidRequestError` for flags that cannot work (together): one line saying what to do."""
+        from jaxlab.engine.model import ATTENTIONS
+        from jaxlab.io.config import DTYPES
+
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise InvalidRequestError(
+                f"unknown --dtype {self.dtype!r}; choose one of auto, {', '.join(sorted(DTYPES))}"
+            )
+        if self.quant is not None and self.quant not in quantization.FORMATS:
+            raise InvalidRequestError(
+                f"unknown --quant {self.quant!r}; choose one of {', '.join(quantization.FORMATS)}"
+            )
+        if self.kv_cache is not None and self.kv_cache not in quantization.KV_FORMATS:
+            raise InvalidRequestError(
+                f"unknown --kv-cache {self.kv_cache!r}; choose one of {', '.join(quantization.KV_FORMATS)}"
+            )
+        if self.attention not in ATTENTIONS:
+            raise InvalidRequestError(f"unknown --attention {self.attention!r}; choose one of {', '.join(ATTENTIONS)}")
+        if self.group_size is not None and self.quant != "int4":
+            raise InvalidRequestError(
+                f"--group-size applies to --quant int4 only; drop --group-size (got --quant {self.quant or '(none)'})"
+            )
+        if self.quant and self.dtype not in ("float32", "auto"):
+            raise InvalidRequestError(
+                f"--quant {self.quant} computes in float32; drop --dtype {self.dtype} (or pass --dtype float32 or auto)"
+            )
+        quantization.check_format(self.quant, self.group)
+        dtype = self.param_dtype
+        kv = self.kv_cache if self.kv_cache not in (None, dtype) else None  # a cache unlike the parameters
+        if self.mesh and (self.quant or kv):
+            drop = [f for f, on in (("--quant", self.quant), (f"--kv-cache {kv}", kv)) if on]
+            raise InvalidRequestError(
+                f"--mesh shards float parameters with a KV cache of their dtype; drop {' and '.join(drop)}"
+            )
+        if self.attention == "pallas" and (kv == "int8" or self.mesh):
+            raise InvalidRequestError(
+                "--attention pallas runs on one device with a float KV cache; drop --kv-cache int8 and --mesh"
+            )
+        if self.speculative and kv == "int8":
+            # measured: the verify pass computes k+1 keys/values at once, and rounding them to int8 turns its
+            # float round-off into different cache entries, so near-ties go the other way than in plain greedy
+            raise InvalidRequestError(
+                "--speculative gives plain greedy's tokens only with a float KV cache; drop --kv-cache int8"
+            )
+        if self.speculative and kv:
+            raise InvalidRequestError(
+                f"--speculative keeps its KV cache in the --dtype ({dtype}); drop --kv-cache {kv}"
+            )
+        if self.mesh and self.speculative:
+            raise InvalidRequestError("--mesh and --speculative cannot be combined")
+        if self.speculative and self.draft_k < 1:
+            raise InvalidRequestError(f"--draft-k must be >= 1, got {self.draft_k}")
+        if self.adapter and self.quant:
+            raise InvalidRequestError(
+                "--adapter with --quant is not supported: the adapter is merged into float weights "
+                "(export the merged model, then quantize it, or drop --quant)"
+            )
+
+    @property
+    def group(self) -> int:
+        """The int4 group size to load with (--group-size, else the default)."""
+        return quantization.DEFAULT_GROUP if self.group_size is None else self.group_size
+
+    @property
+    def param_dtype(self) -> str:
+        """The parameters' dtype: --dtype, with "auto" resolved for this backend (:func:`resolve_dtype`)."""
+        return resolve_dtype(self.dtype, self.quant)
+
+    @property
+    def cache_dtype(self):
+        """The KV cache's dtype: --kv-cache, else the parameters' dtype."""
+        import jax.numpy as jnp
+
+        return jnp.dtype(self.kv_cache or self.param_dtype)
+
+    def dtype_note(self) -> str | None:
+        """A line for the user where ``--dtype auto`` with --quant loads float32 although this backend's default
+        is another dtype; else None."""
+        backend = backend_default_dtype()
+        if self.dtype != "auto" or not self.quant or backend == self.param_dtype:
+            return None
+        return (
+            f"--quant {self.quant} computes in {quantization.COMPUTES_IN[self.quant]}: "
+            f"loading float32 parameters, not this backend's default {backend}"
+        )
+
+    def replace(self, **changes) -> ModelOptions:
+        """A copy with ``changes``, checked again."""
+        return dataclasses.replace(self, **changes)
+
+
+def load_model(options: ModelOptions, progress: bool | None = None) -> Model:
+    """The model ``options`` ask for (:func:`load`), computing attention with ``options.attention``. The adapter
+    (``options.adapter``) is not merged here: merging is training's (``jaxlab.train.lora.merge_folder``)."""
+    from jaxlab.engine.model import with_attention
+
+    m = load(options.model, dtype=options.param_dtype, quant=options.quant, group_size=options.group, progress=progress)
+    return dataclasses.replace(m, params=with_attention(m.params, options.attention))

@@ -52,6 +52,30 @@ def docs_index(progress: bool = False, log=None):
     return index
 
 
+def answer(
+    question: str,
+    k: int = 3,
+    retrieval: bool = True,
+    max_new_tokens: int = 128,
+    on_text=None,
+    progress: bool = False,
+    log=None,
+) -> Answer:
+    """``jaxlab ask``: one question answered by the embedded model, with the ``k`` passages of :func:`docs_index`
+    (``retrieval`` False: the model alone). Everything is checked before anything loads; ``on_text(piece)``
+    streams the answer, ``log(line)`` hears about a first index build."""
+    from jaxlab.engine.continuous import Engine
+    from jaxlab.engine.loading import load
+
+    question = check_question(question)
+    if k < 1:
+        raise InvalidRequestError(f"-k must be >= 1 passages, got {k}")
+    index = docs_index(progress=progress, log=log) if retrieval else None
+    m = load()
+    engine = Engine(m.params, m.tokenizer, slots=1, context=min(2048, m.config.max_seq_len))
+    return ask(engine, m.tokenizer, index, question, k=k, max_new_tokens=max_new_tokens, on_text=on_text)
+
+
 def retrieve(index, questions: list[str], k: int) -> list[list]:
     ids, _ = index.search(questions, k)
     return [[index.chunks[int(i)] for i in row] for row in ids]

@@ -18,16 +18,20 @@ import sys
 import threading
 import time
 
-from jaxlab.serve.app import ServeOptions, build_app
+from jaxlab.serve.app import ServeOptions, build_app, served_name
 from jaxlab.serve.background import BackgroundServer
 
-__all__ = ["BackgroundServer", "ServeOptions", "build_app", "serve"]
+__all__ = ["BackgroundServer", "ServeOptions", "build_app", "serve", "served_name"]
 
 
-def serve(engine, options: ServeOptions, host: str = "127.0.0.1", port: int = 8000, log=None) -> int:
+def serve(engine, options: ServeOptions, host: str | None = None, port: int | None = None, log=None) -> int:
     """Run the app over ``engine`` until SIGINT (stop now) or SIGTERM (drain: new requests get 503, requests in
-    flight get ``options.grace_seconds`` to finish, then are aborted)."""
+    flight get ``options.grace_seconds`` to finish, then are aborted). ``host``, ``port``: where to listen
+    (default: ``options.host``, ``options.port``)."""
     import uvicorn
+
+    host = options.host if host is None else host
+    port = options.port if port is None else port
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     app = build_app(engine, options)

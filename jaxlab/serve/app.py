@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from jaxlab.errors import InvalidRequestError
 from jaxlab.serve import protocol
 from jaxlab.serve.metrics import Metrics
 from jaxlab.serve.protocol import ApiError
@@ -36,12 +37,44 @@ FINISH = {"eos": "stop", "stop": "stop", "length": "length", "abort": "abort"}
 
 @dataclass
 class ServeOptions:
-    model_name: str = "smollm2-135m"
+    """The server's settings (the flags of ``jaxlab serve`` beside the model's), checked when built: a value that
+    cannot work raises :class:`~jaxlab.errors.InvalidRequestError` naming its flag. ``slots`` and ``context`` size
+    the engine ``jaxlab serve`` builds; ``host`` and ``port`` are where :func:`jaxlab.serve.serve` listens
+    (:func:`build_app` serves the engine it is given, wherever it is mounted)."""
+
+    model_name: str = "smollm2-135m"  # the model's id in the API (see served_name)
     api_key: str | None = None
     rate_limit: float | None = None  # requests per minute per key (or per client address without a key)
     max_body_bytes: int = 1 << 20
     request_timeout: float = 600.0
     grace_seconds: float = 10.0  # after SIGTERM: in-flight requests may finish for this long
+    slots: int = 8  # --max-batch: sequences decoded together
+    context: int = 2048  # positions per request (the model's own context caps it)
+    host: str = "127.0.0.1"
+    port: int = 8000
+
+    def __post_init__(self):
+        for flag, value in (
+            ("--max-batch", self.slots),
+            ("--context", self.context),
+            ("--max-body-bytes", self.max_body_bytes),
+        ):
+            if value < 1:
+                raise InvalidRequestError(f"{flag} must be >= 1, got {value}")
+        if not 0 < self.port < 65536:
+            raise InvalidRequestError(f"--port must be in 1..65535, got {self.port}")
+        if self.rate_limit is not None and self.rate_limit <= 0:
+            raise InvalidRequestError(f"--rate-limit must be > 0 requests per minute, got {self.rate_limit}")
+
+
+def served_name(model) -> str:
+    """The model's id in the API for ``--model``: the embedded model's short name, else the file's or folder's
+    name."""
+    from pathlib import Path
+
+    from jaxlab.io.assets import DEFAULT_MODEL
+
+    return DEFAULT_MODEL if model in (None, DEFAULT_MODEL) else Path(str(model).rstrip("/")).stem
 
 
 class RateLimiter:

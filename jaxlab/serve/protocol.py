@@ -217,9 +217,9 @@ def parse_request(body: dict, kind: str, *, model_name: str, tokenizer, context:
             param="model",
             code="model_not_found",
         )
-    if kind == "chat":
-        from jaxlab.io.tokenizer import prompt_ids as build_prompt
+    from jaxlab.io.tokenizer import prompt_ids as build_prompt  # the command line's prompt builder
 
+    if kind == "chat":
         messages = _messages(body)
         if messages[-1]["role"] == "assistant":
             raise bad("the last message must be the user's (or the system's), not the assistant's", "messages")
@@ -227,7 +227,7 @@ def parse_request(body: dict, kind: str, *, model_name: str, tokenizer, context:
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, str):
-            prompt_ids = tokenizer.encode(prompt) or [tokenizer.bos_id]
+            prompt_ids = build_prompt(tokenizer, prompt, raw=True)
         elif (
             isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
         ):

@@ -157,3 +157,41 @@ def test_response_shapes():
     assert protocol.usage_chunk(r, 2)["choices"] == []
     c = parse({"prompt": "a"}, "completion")
     assert protocol.response(c, "x", "length", 1)["choices"][0]["text"] == "x"
+
+
+def test_prompts_are_built_as_on_the_command_line():
+    """Both endpoints build their prompt with the command line's builder (``jaxlab.io.tokenizer.prompt_ids``): a
+    chat through the chat template, a completion's text as ``--raw``, each text sanitized (control characters
+    out) and an empty completion starting from BOS."""
+    from jaxlab.io.tokenizer import prompt_ids
+
+    tok = FakeTokenizer()
+    assert parse({"messages": MSG}).prompt_ids == prompt_ids(tok, messages=MSG)
+    assert parse({"prompt": "a\x07b"}, "completion").prompt_ids == prompt_ids(tok, "ab", raw=True) == tok.encode("ab")
+    assert parse({"prompt": ""}, "completion").prompt_ids == [tok.bos_id]
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(slots=0), "--max-batch must be >= 1, got 0"),
+        (dict(context=0), "--context must be >= 1, got 0"),
+        (dict(max_body_bytes=-1), "--max-body-bytes must be >= 1, got -1"),
+        (dict(port=70000), "--port must be in 1..65535, got 70000"),
+        (dict(rate_limit=0), "--rate-limit must be > 0 requests per minute, got 0"),
+    ],
+)
+def test_serve_options_name_the_flag(kwargs, match):
+    from jaxlab.errors import InvalidRequestError
+    from jaxlab.serve.app import ServeOptions
+
+    with pytest.raises(InvalidRequestError) as e:
+        ServeOptions(**kwargs)
+    assert match in str(e.value)
+
+
+def test_served_name():
+    from jaxlab.serve.app import served_name
+
+    assert served_name(None) == served_name("smollm2-135m") == "smollm2-135m"
+    assert served_name("/models/tiny.gguf") == "tiny" and served_name("ckpt/folder/") == "folder"
