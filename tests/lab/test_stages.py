@@ -21,8 +21,8 @@ from jaxlab.engine.plan import bucket
 from jaxlab.engine.sampling import Sampling, SamplingParams, filter_logits
 from jaxlab.lab import stages
 from jaxlab.lab.exercises import nb04, nb06
-from jaxlab.tools.export import tiny_params
 from jaxlab.tools.profile import CompileCounter, Roofline
+from jaxlab.tools.program_export import tiny_params
 
 
 @pytest.fixture(scope="module")

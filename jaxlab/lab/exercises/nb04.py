@@ -36,7 +36,7 @@ def check_pad_to_bucket(fn, trials: int = 8) -> bool:
 @functools.lru_cache(maxsize=1)
 def _tiny_params():
     # random weights large enough that greedy tokens vary from step to step instead of repeating one id
-    from jaxlab.tools.export import tiny_params
+    from jaxlab.tools.program_export import tiny_params
 
     return tiny_params()
 
