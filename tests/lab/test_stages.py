@@ -1,4 +1,4 @@
-"""jaxlab.lab.stages (notebooks 04 and 06) and the exercise checkers nb04/nb06.
+"""jaxlab.lab.stages (notebooks 04 and 06; the ladder it imports from jaxlab.bench.stages) and the exercise checkers nb04/nb06.
 
 Every stage is an optimization of the one before, so every stage must give the same greedy tokens;
 vmap over one sequence must equal the batched model; a ragged batch must equal each prompt alone.
@@ -21,8 +21,8 @@ from jaxlab.engine.plan import bucket
 from jaxlab.engine.sampling import Sampling, SamplingParams, filter_logits
 from jaxlab.lab import stages
 from jaxlab.lab.exercises import nb04, nb06
-from jaxlab.tools.export import tiny_params
 from jaxlab.tools.profile import CompileCounter, Roofline
+from jaxlab.tools.program_export import tiny_params
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,9 @@
 """Checks for notebook 04's exercises: pad a prompt to its bucket, and write one greedy decode step.
 
 * :func:`check_pad_to_bucket` compares ``fn(ids, buckets, pad_id) -> (tokens [L], positions [L])`` with
-  :func:`jaxlab.lab.stages.pad_to_bucket` on random prompt lengths and bucket lists.
+  :func:`jaxlab.bench.stages.pad_to_bucket` on random prompt lengths and bucket lists.
 * :func:`check_decode_step` compares ``fn(params, token, pos, cache) -> (next token [B], cache)`` with
-  :func:`jaxlab.lab.stages.greedy_decode_step`: both are rolled forward several steps (each feeding its own
+  :func:`jaxlab.bench.stages.greedy_decode_step`: both are rolled forward several steps (each feeding its own
   tokens and cache back in) from the same prefilled, ragged batch on a tiny random model, so a step that
   forgets to return the updated cache, or writes the wrong position, is caught by the later tokens.
 """
@@ -22,7 +22,7 @@ ROLL_STEPS = 4
 
 
 def check_pad_to_bucket(fn, trials: int = 8) -> bool:
-    from jaxlab.lab.stages import pad_to_bucket
+    from jaxlab.bench.stages import pad_to_bucket
 
     def make_inputs(rng):
         buckets = tuple(sorted(rng.choice([4, 8, 16, 32, 64], size=int(rng.integers(1, 4)), replace=False).tolist()))
@@ -36,7 +36,7 @@ def check_pad_to_bucket(fn, trials: int = 8) -> bool:
 @functools.lru_cache(maxsize=1)
 def _tiny_params():
     # random weights large enough that greedy tokens vary from step to step instead of repeating one id
-    from jaxlab.tools.export import tiny_params
+    from jaxlab.tools.program_export import tiny_params
 
     return tiny_params()
 
@@ -78,6 +78,6 @@ def _roll(step):
 
 def check_decode_step(fn, trials: int = 3) -> bool:
     """Your step is run under ``jax.jit`` (as the lab runs its own), so write it with ``jnp`` operations."""
-    from jaxlab.lab.stages import greedy_decode_step
+    from jaxlab.bench.stages import greedy_decode_step
 
     return check_function(_roll(fn), _roll(greedy_decode_step), _prefilled, name="greedy decode step", trials=trials)

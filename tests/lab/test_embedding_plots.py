@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from conftest import load_solution
 
-from jaxlab.lab import encoding
+from jaxlab.lab import embedding_plots
 from jaxlab.lab.exercises import nb14
 
 
@@ -34,7 +34,7 @@ def test_nb14_checkers_pass_solutions_and_fail_wrong_answers(capsys):
 
 def test_stored_runs_are_labelled_with_host_and_date():
     for name, keys in (("encoder-cpu", ("rows",)), ("retrieval-cpu", ("dense", "bm25", "rag"))):
-        data = encoding.stored(name)
+        data = embedding_plots.stored(name)
         assert all(k in data for k in keys) and data["label"].startswith("stored run: ")
         assert "?" not in data["label"] and "UTC" in data["label"], data["label"]
 
@@ -45,6 +45,6 @@ def test_pca_finds_the_main_directions():
     x[:, 2] = rng.normal(size=200) * 10
     x[:, 4] = rng.normal(size=200) * 3
     x += rng.normal(size=x.shape) * 0.01
-    xy = encoding.pca_2d(x)
+    xy = embedding_plots.pca_2d(x)
     assert xy.shape == (200, 2)
     assert abs(np.corrcoef(xy[:, 0], x[:, 2])[0, 1]) > 0.99 and abs(np.corrcoef(xy[:, 1], x[:, 4])[0, 1]) > 0.99

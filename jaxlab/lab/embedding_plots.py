@@ -1,11 +1,12 @@
-"""Notebook 14's figures and stored results: a similarity heatmap, the encoder's speed against PyTorch from the
-bench's stored run, and a 2-D map of chunk embeddings (PCA by SVD, numpy only)."""
+"""Notebook 14's figures of the encoder's embeddings (the encoder itself is :mod:`jaxlab.engine.encoder`): a
+similarity heatmap, the encoder's speed against PyTorch from the bench's stored run, and a 2-D map of chunk
+embeddings (PCA by SVD, numpy only)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from jaxlab.lab.notebook import stored  # noqa: F401 - notebook 14 reads its stored runs as encoding.stored
+from jaxlab.lab.notebook import stored  # noqa: F401 - notebook 14 reads its stored runs as embedding_plots.stored
 
 
 def plot_similarity(vectors: np.ndarray, labels: list[str], title: str):

@@ -1,4 +1,5 @@
 """Compilation you can keep: the decode step as a ``jax.export`` file, and measurements in fresh processes.
+(Model files, a Hugging Face folder or a GGUF file, are written by :mod:`jaxlab.io.export`.)
 
 A jitted function lives in one process: its compiled program is gone when the process exits. Two
 ways keep the work of compiling across processes, and this module measures both:
@@ -235,7 +236,7 @@ def load(path: str | os.PathLike) -> jax.export.Exported:
     Raises :class:`~jaxlab.errors.ModelFileError` for a missing, empty, truncated or corrupt file."""
     path = Path(path)
     if not path.is_file():
-        raise ModelFileError(f"exported program not found: {path} (write one with jaxlab.tools.export.save)")
+        raise ModelFileError(f"exported program not found: {path} (write one with jaxlab.tools.program_export.save)")
     data = path.read_bytes()
     if not data:
         raise ModelFileError(f"exported program {path} is empty")
@@ -356,13 +357,13 @@ def _child_env(cache_dir: str | os.PathLike | None) -> dict:
 
 
 def run_child(command: str, args: dict, cache_dir=None, timeout: float = 300) -> dict:
-    """Run ``python -m jaxlab.tools.export COMMAND ARGS`` in a fresh process; -> its JSON answer (last line),
+    """Run ``python -m jaxlab.tools.program_export COMMAND ARGS`` in a fresh process; -> its JSON answer (last line),
     with ``note``: the label of its figures when it ran on another backend than this process (else None)."""
     from jaxlab.tools.hardware import figure_note
 
     args = dict(args, launched=time.time())
     proc = subprocess.run(
-        [sys.executable, "-m", "jaxlab.tools.export", command, json.dumps(args)],
+        [sys.executable, "-m", "jaxlab.tools.program_export", command, json.dumps(args)],
         capture_output=True,
         text=True,
         env=_child_env(cache_dir),
@@ -450,7 +451,7 @@ def _cache_files(cache_dir) -> int:
 
 
 def _child_main(command: str, args: dict) -> dict:
-    """What a child process does (``python -m jaxlab.tools.export COMMAND JSON``)."""
+    """What a child process does (``python -m jaxlab.tools.program_export COMMAND JSON``)."""
     from jaxlab.tools import compile_cache
     from jaxlab.tools.profile import CompileCounter
 

@@ -19,7 +19,7 @@ import pytest
 from jaxlab.engine.kvcache import init_cache
 from jaxlab.errors import ConfigError, ModelFileError
 from jaxlab.lab.exercises import nb07
-from jaxlab.tools import export
+from jaxlab.tools import program_export
 from jaxlab.tools.profile import trace
 
 SOLUTIONS = Path(__file__).resolve().parents[2] / "notebooks" / "solutions"
@@ -35,24 +35,24 @@ def serializable():
 
 @pytest.fixture(scope="module")
 def tiny():
-    return export.tiny_params()
+    return program_export.tiny_params()
 
 
 @pytest.fixture(scope="module")
 def native(tiny):
     """Greedy tokens and last logits of the in-process jitted step."""
-    return export.greedy_decode(jax.jit(export.decode_step), tiny, PROMPTS, NEW, CACHE)
+    return program_export.greedy_decode(jax.jit(program_export.decode_step), tiny, PROMPTS, NEW, CACHE)
 
 
 @pytest.fixture(scope="module")
 def exported(tiny):
     """The step exported for the test prompts' batch: exported once, its compiled call shared by the tests."""
-    return export.export_decode_step(tiny, batch=len(PROMPTS), cache_len=CACHE)
+    return program_export.export_decode_step(tiny, batch=len(PROMPTS), cache_len=CACHE)
 
 
 @pytest.fixture(scope="module")
 def exported_file(exported, tmp_path_factory, serializable):
-    return export.save(exported, tmp_path_factory.mktemp("export") / "tiny_step.jaxexport")
+    return program_export.save(exported, tmp_path_factory.mktemp("export") / "tiny_step.jaxexport")
 
 
 # ------------------------------------------------------------------------------ the step itself
@@ -70,7 +70,9 @@ def test_greedy_decode_with_the_native_step_matches_the_generator(tiny, native):
 
 def test_exported_step_in_process_equals_the_jitted_step(tiny, native, exported):
     assert exported.platforms == (jax.default_backend(),)
-    tokens, logits = export.greedy_decode(lambda *a: export.run_exported(exported, *a), tiny, PROMPTS, NEW, CACHE)
+    tokens, logits = program_export.greedy_decode(
+        lambda *a: program_export.run_exported(exported, *a), tiny, PROMPTS, NEW, CACHE
+    )
     np.testing.assert_array_equal(tokens, native[0])
     np.testing.assert_allclose(logits, native[1], rtol=1e-6, atol=1e-6)
 
@@ -78,41 +80,47 @@ def test_exported_step_in_process_equals_the_jitted_step(tiny, native, exported)
 def test_symbolic_batch_serves_every_batch_size(tiny, native):
     """One file for a batch of one and for the test prompts' ragged batch of two (whose jitted-step answer is
     ``native``)."""
-    exported = export.export_decode_step(tiny, batch=None, cache_len=CACHE)
+    exported = program_export.export_decode_step(tiny, batch=None, cache_len=CACHE)
     assert str(exported.in_avals[len(jax.tree.leaves(tiny))].shape[0]) == "b"
     one = [[5, 6, 7]]
     for prompts, n, want in (
-        (one, 3, export.greedy_decode(jax.jit(export.decode_step), tiny, one, 3, CACHE)),
+        (one, 3, program_export.greedy_decode(jax.jit(program_export.decode_step), tiny, one, 3, CACHE)),
         (PROMPTS, NEW, native),
     ):
-        got = export.greedy_decode(lambda *a: export.run_exported(exported, *a), tiny, prompts, n, CACHE)
+        got = program_export.greedy_decode(
+            lambda *a: program_export.run_exported(exported, *a), tiny, prompts, n, CACHE
+        )
         assert got[0].shape == (len(prompts), n)
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_allclose(got[1], want[1], rtol=1e-6, atol=1e-6)
 
 
 def test_multi_platform_export_runs_here(tiny, native, serializable):
-    exported = export.export_decode_step(tiny, batch=len(PROMPTS), cache_len=CACHE, platforms=("cpu", "cuda", "tpu"))
+    exported = program_export.export_decode_step(
+        tiny, batch=len(PROMPTS), cache_len=CACHE, platforms=("cpu", "cuda", "tpu")
+    )
     assert exported.platforms == ("cpu", "cuda", "tpu")
     again = jax.export.deserialize(exported.serialize())
-    tokens, _ = export.greedy_decode(lambda *a: export.run_exported(again, *a), tiny, PROMPTS, NEW, CACHE)
+    tokens, _ = program_export.greedy_decode(
+        lambda *a: program_export.run_exported(again, *a), tiny, PROMPTS, NEW, CACHE
+    )
     np.testing.assert_array_equal(tokens, native[0])
 
 
 def test_run_exported_names_the_argument_that_does_not_fit(tiny, exported):
     tok = jnp.zeros((2,), jnp.int32)
     with pytest.raises(ConfigError, match="cache.k\\[0\\].*export it again"):
-        export.run_exported(exported, tiny, tok, tok, init_cache(tiny.config, 2, CACHE + 1))
+        program_export.run_exported(exported, tiny, tok, tok, init_cache(tiny.config, 2, CACHE + 1))
     with pytest.raises(ConfigError, match="tokens"):
         one = jnp.zeros((1,), jnp.int32)
-        export.run_exported(exported, tiny, one, one, init_cache(tiny.config, 2, CACHE))
+        program_export.run_exported(exported, tiny, one, one, init_cache(tiny.config, 2, CACHE))
     from jaxlab.engine.model import params_from_flat
     from jaxlab.io.config import param_shapes
 
     cfg = tiny.config.replace(n_layers=2)  # zeros from NumPy: only the tree's size matters here
     shallower = params_from_flat(cfg, {n: np.zeros(s, np.float32) for n, s in param_shapes(cfg).items()})
     with pytest.raises(ConfigError, match="another model config"):
-        export.run_exported(exported, shallower, tok, tok, init_cache(shallower.config, 2, CACHE))
+        program_export.run_exported(exported, shallower, tok, tok, init_cache(shallower.config, 2, CACHE))
 
 
 # ------------------------------------------------------------------------------ files and fresh processes
@@ -123,8 +131,8 @@ def test_round_trip_through_a_file_in_a_fresh_process(exported_file, native):
     the same file (``test_exported_step_in_process_equals_the_jitted_step``) is loaded, not compiled again."""
     from jaxlab.tools import compile_cache
 
-    assert exported_file.read_bytes().startswith(export.MAGIC)
-    out = export.exported_in_fresh_process(
+    assert exported_file.read_bytes().startswith(program_export.MAGIC)
+    out = program_export.exported_in_fresh_process(
         exported_file, PROMPTS, NEW, CACHE, model="tiny", cache_dir=compile_cache.current()
     )
     np.testing.assert_array_equal(out["tokens"], native[0])
@@ -134,34 +142,36 @@ def test_round_trip_through_a_file_in_a_fresh_process(exported_file, native):
 
 def test_load_accepts_a_bare_serialized_payload(exported_file, tmp_path, tiny, native):
     bare = tmp_path / "bare.bin"
-    bare.write_bytes(exported_file.read_bytes()[len(export.MAGIC) + 32 :])
-    loaded = export.load(bare)
-    tokens, _ = export.greedy_decode(lambda *a: export.run_exported(loaded, *a), tiny, PROMPTS, NEW, CACHE)
+    bare.write_bytes(exported_file.read_bytes()[len(program_export.MAGIC) + 32 :])
+    loaded = program_export.load(bare)
+    tokens, _ = program_export.greedy_decode(
+        lambda *a: program_export.run_exported(loaded, *a), tiny, PROMPTS, NEW, CACHE
+    )
     np.testing.assert_array_equal(tokens, native[0])
 
 
 def test_load_errors(exported_file, tmp_path):
     with pytest.raises(ModelFileError, match="not found"):
-        export.load(tmp_path / "missing.jaxexport")
+        program_export.load(tmp_path / "missing.jaxexport")
     empty = tmp_path / "empty.jaxexport"
     empty.write_bytes(b"")
     with pytest.raises(ModelFileError, match="empty"):
-        export.load(empty)
+        program_export.load(empty)
     data = exported_file.read_bytes()
     truncated = tmp_path / "truncated.jaxexport"
     truncated.write_bytes(data[: len(data) // 2])
     with pytest.raises(ModelFileError, match="checksum"):
-        export.load(truncated)
+        program_export.load(truncated)
     flipped = bytearray(data)
     flipped[-100] ^= 0xFF
     corrupt = tmp_path / "corrupt.jaxexport"
     corrupt.write_bytes(bytes(flipped))
     with pytest.raises(ModelFileError, match="corrupt"):
-        export.load(corrupt)
+        program_export.load(corrupt)
     foreign = tmp_path / "foreign.bin"
     foreign.write_bytes(b"GGUF" + bytes(range(256)) * 4)
     with pytest.raises(ModelFileError, match="not an exported jax program"):
-        export.load(foreign)
+        program_export.load(foreign)
 
 
 def test_save_leaves_no_temporary_file(exported_file):
@@ -178,12 +188,12 @@ def test_file_model_round_trip_in_a_fresh_process(small_model, small, tmp_path, 
 
     golden = load_golden()["prompts"][0]
     prompt, n, cache_len = golden["prompt_ids"], 4, 64
-    exported = export.export_decode_step(small_model.params, batch=1, cache_len=cache_len)
-    path = export.save(exported, tmp_path / "small_step.jaxexport")
+    exported = program_export.export_decode_step(small_model.params, batch=1, cache_len=cache_len)
+    path = program_export.save(exported, tmp_path / "small_step.jaxexport")
     assert path.stat().st_size < 0.01 * small_model.params.nbytes(), "the weights must not be baked into the file"
-    want = export.greedy_decode(jax.jit(export.decode_step), small_model.params, [prompt], n, cache_len)
+    want = program_export.greedy_decode(jax.jit(program_export.decode_step), small_model.params, [prompt], n, cache_len)
     assert len(set(want[0][0].tolist())) > 1, "the tokens do not vary"
-    got = export.exported_in_fresh_process(path, [prompt], n, cache_len, model=small)
+    got = program_export.exported_in_fresh_process(path, [prompt], n, cache_len, model=small)
     np.testing.assert_array_equal(got["tokens"], want[0])
     np.testing.assert_allclose(got["logits"], want[1], rtol=1e-6, atol=1e-6)
 
@@ -193,33 +203,34 @@ def test_file_model_round_trip_in_a_fresh_process(small_model, small, tmp_path, 
 
 def test_persistent_cache_is_shared_across_processes(tmp_path):
     cache_dir = tmp_path / "jax-cache"
-    first = export.compile_in_fresh_process(cache_dir, model="tiny", batch=2, cache_len=CACHE)
+    first = program_export.compile_in_fresh_process(cache_dir, model="tiny", batch=2, cache_len=CACHE)
     assert first["compiles"] >= 1 and first["cache_hits"] == 0
     assert first["cache_files"] > 0 and any(cache_dir.iterdir()), "the first process wrote no cache files"
-    second = export.compile_in_fresh_process(cache_dir, model="tiny", batch=2, cache_len=CACHE)
+    second = program_export.compile_in_fresh_process(cache_dir, model="tiny", batch=2, cache_len=CACHE)
     assert second["cache_hits"] >= 1 and second["cache_hits"] == second["compiles"], second
     # (its compile time is usually much lower too, but timings are not asserted)
 
 
 def test_child_on_a_platform_the_file_was_not_lowered_for_says_so(tiny, tmp_path):
     """A TPU kernel's child runs on the CPU (the TPU belongs to the kernel): a TPU-only file must say so."""
-    tpu_only = export.save(
-        export.export_decode_step(tiny, batch=1, cache_len=CACHE, platforms=("tpu",)), tmp_path / "tpu.jaxexport"
+    tpu_only = program_export.save(
+        program_export.export_decode_step(tiny, batch=1, cache_len=CACHE, platforms=("tpu",)),
+        tmp_path / "tpu.jaxexport",
     )
     with pytest.raises(RuntimeError, match=r"lowered for tpu, and this process runs on cpu: export it with platforms"):
-        export.exported_in_fresh_process(tpu_only, PROMPTS[:1], 2, CACHE, model="tiny")
+        program_export.exported_in_fresh_process(tpu_only, PROMPTS[:1], 2, CACHE, model="tiny")
 
 
 def test_child_process_failure_is_reported():
     with pytest.raises(RuntimeError, match="unknown command"):
-        export.run_child("no-such-command", {}, None)
+        program_export.run_child("no-such-command", {}, None)
 
 
 # ------------------------------------------------------------------------------ trace reading
 
 
 def test_top_ops_reads_a_trace(tiny, tmp_path):
-    step = jax.jit(export.decode_step)
+    step = jax.jit(program_export.decode_step)
     cache = init_cache(tiny.config, 1, CACHE)
     tok = jnp.array([5], jnp.int32)
     jax.block_until_ready(step(tiny, tok, tok, cache))
@@ -227,21 +238,21 @@ def test_top_ops_reads_a_trace(tiny, tmp_path):
     from jaxlab.tools.profile import hlo_text
 
     hlo = hlo_text(step, tiny, tok, tok, cache)
-    rows = export.top_ops(logdir, 5, hlo=hlo)
+    rows = program_export.top_ops(logdir, 5, hlo=hlo)
     assert 0 < len(rows) <= 5
     assert [r["ms"] for r in rows] == sorted((r["ms"] for r in rows), reverse=True)
     assert all(r["calls"] >= 1 and 0 <= r["share"] <= 1 for r in rows)
-    grouped = export.top_ops(logdir, 50, hlo=hlo, by="weight")
+    grouped = program_export.top_ops(logdir, 50, hlo=hlo, by="weight")
     names = {r["op"] for r in grouped}
     assert "layers.*.mlp.w_up" in names, names
     up = next(r for r in grouped if r["op"] == "layers.*.mlp.w_up")
     assert up["calls"] == tiny.config.n_layers
     assert abs(sum(r["share"] for r in grouped) - 1) < 1e-6
     with pytest.raises(ValueError):
-        export.top_ops(logdir, by="weight")
+        program_export.top_ops(logdir, by="weight")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelFileError, match="no \\*.trace.json.gz"):
-        export.top_ops(tmp_path / "empty")
+        program_export.top_ops(tmp_path / "empty")
 
 
 def test_weight_names_from_hlo_parameter_names():
@@ -250,7 +261,7 @@ def test_weight_names_from_hlo_parameter_names():
         "  ROOT %fusion.2 = f32[1,1,40]{2,1,0} fusion(%params_0___embed___value, %tok), kind=kLoop\n"
         "  %add.1 = f32[4]{0} add(%a, %b)\n"
     )
-    assert export.weights_read(hlo) == {"dot.7": ["layers.3.mlp.w_up"], "fusion.2": ["embed"]}
+    assert program_export.weights_read(hlo) == {"dot.7": ["layers.3.mlp.w_up"], "fusion.2": ["embed"]}
 
 
 # ------------------------------------------------------------------------------ exercises
