@@ -32,6 +32,38 @@ def emb():
     return encoder.load_embedder(batch_size=8)  # small batches: the long texts sort into one small program
 
 
+#: Layers of :func:`emb2`: the properties below (batching, padding, vmap, compiled programs) hold for any BERT; the
+#: embedded encoder's first two layers keep its weights, tokenizer and layer shapes, and their programs are smaller.
+#: What only the whole encoder shows (transformers' embeddings, the golden file) stays on ``emb``.
+FIRST_LAYERS = 2
+
+
+@pytest.fixture(scope="module")
+def emb2(emb):
+    """The embedded encoder cut to its first :data:`FIRST_LAYERS` layers (its own embeddings and tokenizer), read
+    back through ``encoder_from_hf`` as a checkpoint of that depth would be."""
+    from dataclasses import replace
+
+    from flax import nnx
+
+    cfg = replace(emb.config, n_layers=FIRST_LAYERS)
+    ours = {".".join(map(str, path)): np.asarray(v.get_value()) for path, v in nnx.to_flat_state(emb.params.state)}
+    tensors = {hf: (ours[name].T if t else ours[name]) for hf, (name, t) in encoder.hf_name_map(cfg).items()}
+    return encoder.Embedder(encoder.encoder_from_hf(cfg, tensors), emb.tokenizer, batch_size=8)
+
+
+def test_the_cut_encoder_is_the_first_layers(emb, emb2):
+    from flax import nnx
+
+    def flat(params):
+        return {".".join(map(str, p)): np.asarray(v.get_value()) for p, v in nnx.to_flat_state(params.state)}
+
+    cut, whole = flat(emb2.params), flat(emb.params)
+    assert emb2.config.n_layers == FIRST_LAYERS < emb.config.n_layers
+    assert set(cut) == {n for n in whole if not n.startswith("layers.") or int(n.split(".")[1]) < FIRST_LAYERS}
+    assert all(np.array_equal(cut[n], whole[n]) for n in cut)
+
+
 def test_tokenizer_truncates_at_sentence_transformers_256_not_128(emb):
     ids = emb.tokenize(["word " * 400, ""])
     assert emb.config.max_seq_length == 256
@@ -69,33 +101,33 @@ def test_golden_file_is_met_without_torch(emb):
     assert got["ids_equal"] and got["ok"], got
 
 
-def test_batching_and_padding_change_nothing(emb):
+def test_batching_and_padding_change_nothing(emb2):
     texts = ["Hello world", "word " * 40, "short", "A much longer sentence about lighthouses and keepers"]
-    together = emb.embed(texts)
-    alone = np.stack([emb.embed([t])[0] for t in texts])
+    together = emb2.embed(texts)
+    alone = np.stack([emb2.embed([t])[0] for t in texts])
     assert np.abs(together - alone).max() <= 1e-6
-    small = encoder.Embedder(emb.params, emb.tokenizer, batch_size=2)
+    small = encoder.Embedder(emb2.params, emb2.tokenizer, batch_size=2)
     assert np.abs(small.embed(texts) - together).max() <= 1e-6  # other batch cuts, other buckets
     assert np.allclose(np.linalg.norm(together, axis=1), 1.0, atol=1e-6)
 
 
-def test_vmap_over_rows_equals_the_native_batch(emb):
-    ids = emb.tokenize(["one", "two words", "three little words", ""])
+def test_vmap_over_rows_equals_the_native_batch(emb2):
+    ids = emb2.tokenize(["one", "two words", "three little words", ""])
     t = 16
     arr = np.zeros((4, t), np.int32)
     mask = np.zeros((4, t), np.int32)
     for i, r in enumerate(ids):
         arr[i, : len(r)], mask[i, : len(r)] = r, 1
-    batched = jax.jit(encoder.sentence_embeddings)(emb.params, arr, mask)
-    one = lambda i, m: encoder.sentence_embeddings(emb.params, i[None], m[None])[0]  # noqa: E731
+    batched = jax.jit(encoder.sentence_embeddings)(emb2.params, arr, mask)
+    one = lambda i, m: encoder.sentence_embeddings(emb2.params, i[None], m[None])[0]  # noqa: E731
     mapped = jax.jit(jax.vmap(one))(arr, mask)
     assert np.abs(np.asarray(batched) - np.asarray(mapped)).max() <= 1e-6
 
 
-def test_no_compilation_after_warmup(emb):
+def test_no_compilation_after_warmup(emb2):
     from jaxlab.tools.profile import CompileCounter
 
-    e = encoder.Embedder(emb.params, emb.tokenizer, batch_size=8)
+    e = encoder.Embedder(emb2.params, emb2.tokenizer, batch_size=8)
     e.warmup(batch_sizes=[1, 8], lengths=[16, 32])
     programs = len(e.programs)
     with CompileCounter() as cc:
@@ -104,7 +136,7 @@ def test_no_compilation_after_warmup(emb):
     assert cc.count == 0 and len(e.programs) == programs == 4
 
 
-def test_large_programs_compile_without_ynn_fusions_on_a_cpu_and_give_the_same_embeddings(emb):
+def test_large_programs_compile_without_ynn_fusions_on_a_cpu_and_give_the_same_embeddings(emb2):
     """``compile_options``: plain dots from PLAIN_DOTS_FROM_TOKENS tokens on a CPU (measured faster there,
     benchmarks/NOTES.md 10), XLA's defaults below it and on other backends; the embeddings do not change."""
     assert encoder.compile_options(32, 64, "cpu") == encoder.PLAIN_DOTS  # 2,048 tokens
@@ -112,11 +144,11 @@ def test_large_programs_compile_without_ynn_fusions_on_a_cpu_and_give_the_same_e
     ids = np.random.default_rng(3).integers(1000, 20000, (32, 64)).astype(np.int32)
     mask = np.ones_like(ids)
     jitted = jax.jit(encoder.sentence_embeddings)
-    plain = jitted.lower(emb.params, ids, mask).compile(compiler_options=encoder.compile_options(32, 64, "cpu"))
-    fused = jitted.lower(emb.params, ids, mask).compile()
+    plain = jitted.lower(emb2.params, ids, mask).compile(compiler_options=encoder.compile_options(32, 64, "cpu"))
+    fused = jitted.lower(emb2.params, ids, mask).compile()
     assert "%ynn_fusion" not in plain.as_text() and "%ynn_fusion" in fused.as_text()  # the instructions' names
     np.testing.assert_allclose(
-        np.asarray(plain(emb.params, ids, mask)), np.asarray(fused(emb.params, ids, mask)), atol=1e-6
+        np.asarray(plain(emb2.params, ids, mask)), np.asarray(fused(emb2.params, ids, mask)), atol=1e-6
     )
 
 

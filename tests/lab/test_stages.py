@@ -3,7 +3,8 @@
 Every stage is an optimization of the one before, so every stage must give the same greedy tokens;
 vmap over one sequence must equal the batched model; a ragged batch must equal each prompt alone.
 Most tests use the tiny config with numpy-drawn weights (fast, no per-op compiles); one uses the real
-model against the golden file.
+model's first two layers (``small_model``); notebook 04 checks every stage against the golden file on the whole
+model.
 """
 
 from __future__ import annotations
@@ -76,8 +77,13 @@ def test_every_stage_gives_the_uncached_greedy_tokens(params):
     ids = [5, 9, 11, 200, 17, 3, 80]
     want = uncached_greedy(params, ids, 10)
     assert len(set(want)) > 3  # the weights make a varied sequence, so the comparison means something
+    naive = stages.naive_generate(params, ids, 5)  # lengths 7..11: shapes no other test gives it
+    assert naive.compiles == 5  # five lengths, five shapes, five programs
+    again = stages.naive_generate(params, ids, 5)
+    assert again.compiles == 0 and again.compile_s == 0  # the same shapes: kept programs
     runs = [
-        stages.naive_generate(params, ids, 5),
+        naive,
+        again,
         stages.padded_generate(params, ids, 10),
         stages.cached_generate(params, ids, 10),
         stages.cached_generate(params, ids, 6, jit=False),
@@ -89,12 +95,8 @@ def test_every_stage_gives_the_uncached_greedy_tokens(params):
         assert set(r.row()) >= {"stage", "tokens", "compiles", "compile s", "tokens/s"}
 
 
-def test_naive_compiles_once_per_new_length_padded_once_per_bucket(params):
-    prompt = list(range(30, 50))  # lengths 20..23: shapes no other test uses
-    naive = stages.naive_generate(params, prompt, 4)
-    assert naive.compiles == 4  # four lengths, four shapes, four programs
-    again = stages.naive_generate(params, prompt, 4)
-    assert again.compiles == 0 and again.compile_s == 0  # the same shapes: kept programs
+def test_padded_compiles_once_per_bucket(params):
+    """(The naive stage's one program per length: test_every_stage_gives_the_uncached_greedy_tokens.)"""
     padded = stages.padded_generate(params, [7, 8, 9], 6, buckets=(24,))  # a buffer length no other test uses
     assert padded.compiles == 1
     other = stages.padded_generate(params, [4, 5, 6, 7, 8, 9, 10, 11], 6, buckets=(24,))  # same bucket
@@ -332,18 +334,21 @@ def test_nb06_references_are_filter_logits():
 # ------------------------------------------------------------------------------------ the real model
 
 
-@pytest.mark.slow
-def test_stages_reproduce_the_golden_greedy_ids_on_the_real_model(smollm):
+def test_stages_on_real_weights_give_the_uncached_greedy_ids(small_model):
+    """The first two layers of the real model (its shapes: 9 query heads over 3 KV heads, a 49152-token
+    vocabulary) on golden prompt 1: padded, cached and on-device greedy give the uncached reference's tokens.
+    That they give the golden ids on the whole model is notebook 04's own check (each stage == golden)."""
     from jaxlab.tools.reference import load_golden
 
-    row = load_golden()["prompts"][1]
-    ids, gold = row["prompt_ids"], row["greedy_ids"]
+    ids = load_golden()["prompts"][1]["prompt_ids"]
+    want = uncached_greedy(small_model.params, ids, 12)
+    assert len(set(want)) > 3  # real weights, varied tokens: the comparison means something
     for r in (
-        stages.padded_generate(smollm.params, ids, 4),
-        stages.cached_generate(smollm.params, ids, 12),
-        stages.on_device_generate(smollm.params, ids, 12),
+        stages.padded_generate(small_model.params, ids, 4),
+        stages.cached_generate(small_model.params, ids, 12),
+        stages.on_device_generate(small_model.params, ids, 12),
     ):
-        assert r.tokens == gold[: len(r.tokens)], r.name
+        assert r.tokens == want[: len(r.tokens)], r.name
 
 
 def test_stage_figures_have_titles_and_labels():
