@@ -18,9 +18,10 @@ page_size] float32 one scale per stored vector, as in the contiguous int8 cache
 Reading (:func:`read_pages`): a query at position ``p`` of row ``r`` attends to the row's keys at positions
 ``0..p``, read through the table. Up to :data:`BLOCK_TOKENS` keys per row are gathered in one go and
 attended with one softmax, as the contiguous cache does; a longer table is read block by block in a
-``fori_loop`` with an online softmax (running max, running sum), so the gathered copy of a block stays
-small instead of a copy of the whole context per step (measured on 2 CPU cores, one layer at batch 32 and
-1,024 positions: gathering everything 29 ms, block by block 12 ms, the contiguous cache 12-15 ms).
+``fori_loop`` with the kernels' online softmax (:func:`~jaxlab.engine.kernels.common.online_softmax`), so the
+gathered copy of a block stays small instead of a copy of the whole context per step (measured on 2 CPU cores,
+one layer at batch 32 and 1,024 positions: gathering everything 29 ms, block by block 12 ms, the contiguous
+cache 12-15 ms).
 
 The host side (which pages are free, which row holds which, prefix reuse) is :mod:`jaxlab.engine.pages`.
 """
@@ -34,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlab.engine.kernels.common import MASK_VALUE
+from jaxlab.engine.kernels.common import MASK_VALUE, online_softmax
 from jaxlab.engine.kvcache import int8_bmm, kv_vector_bytes, quantize_kv
 from jaxlab.io.config import LlamaConfig
 
@@ -214,20 +215,16 @@ def read_pages(q: jax.Array, layer: PagedLayer, positions: jax.Array, matmul: Ma
             )
 
         def body(i, carry):
-            m, total, acc = carry
             pages = jax.lax.dynamic_slice_in_dim(layer.page_table, i * per_block, per_block, axis=1)
             scores, v, vs = _block(qn, layer, pages, i * per_block * ps, positions, matmul, scale)
-            m_new = jnp.maximum(m, scores.max(axis=-1))
-            p = jnp.exp(scores - m_new[..., None])
-            corr = jnp.exp(m - m_new)
-            return m_new, total * corr + p.sum(axis=-1), acc * corr[..., None] + _values(p, v, vs, matmul)
+            return online_softmax(*carry, scores, lambda p: _values(p, v, vs, matmul))
 
         init = (
-            jnp.full((b * kvh, g * t), MASK_VALUE, jnp.float32),
-            jnp.zeros((b * kvh, g * t), jnp.float32),
+            jnp.full((b * kvh, g * t, 1), MASK_VALUE, jnp.float32),
+            jnp.zeros((b * kvh, g * t, 1), jnp.float32),
             jnp.zeros((b * kvh, g * t, hd), jnp.float32),
         )
         _, total, acc = jax.lax.fori_loop(0, pages_per_row // per_block, body, init)
-        out = acc / total[..., None]
+        out = acc / total
     out = out.reshape(b, kvh, g, t, hd).transpose(0, 3, 1, 2, 4)
     return out.reshape(b, t, kvh * g * hd)
