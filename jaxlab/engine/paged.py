@@ -29,14 +29,16 @@ The host side (which pages are free, which row holds which, prefix reuse) is :mo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxlab.engine.kernels import paged_attention
 from jaxlab.engine.kernels.common import MASK_VALUE, online_softmax
 from jaxlab.engine.kvcache import int8_bmm, kv_vector_bytes, quantize_kv
+from jaxlab.errors import ConfigError
 from jaxlab.io.config import LlamaConfig
 
 #: Keys per row gathered at once; a longer page table is read in blocks of this many (online softmax).
@@ -86,25 +88,41 @@ class PagedKVCache:
         return PagedKVCache(self.k, self.v, table, self.k_scale, self.v_scale)
 
     def layer(self, i: int) -> PagedLayer:
+        """Layer ``i``'s pools and the table, as its attention sees them."""
         scales = (self.k_scale[i], self.v_scale[i]) if self.k_scale else (None, None)
         return PagedLayer(self.k[i], self.v[i], self.page_table, *scales)
 
-    @staticmethod
-    def from_layers(layers: list[PagedLayer], page_table) -> PagedKVCache:
+    def with_layers(self, layers: Sequence[PagedLayer]) -> PagedKVCache:
+        """The cache after a pass: every layer's pools as :meth:`PagedLayer.write` left them, the same table."""
         scales = {}
-        if layers and layers[0].k_scale is not None:
+        if self.k_scale:
             scales = dict(k_scale=tuple(x.k_scale for x in layers), v_scale=tuple(x.v_scale for x in layers))
-        return PagedKVCache(tuple(x.k for x in layers), tuple(x.v for x in layers), page_table, **scales)
+        return PagedKVCache(tuple(x.k for x in layers), tuple(x.v for x in layers), self.page_table, **scales)
 
 
-class PagedLayer(NamedTuple):
-    """One layer's pools and the table, as the attention of that layer sees them."""
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class PagedLayer:
+    """One layer's pools and the table, as the attention of that layer sees them: the interface of the contiguous
+    :class:`~jaxlab.engine.kvcache.KVLayer` (:meth:`write`, then :meth:`attend`), over pages."""
 
-    k: jax.Array
-    v: jax.Array
-    page_table: jax.Array
-    k_scale: jax.Array | None = None
+    k: jax.Array  # [KVH, num_pages, page_size, Hd]
+    v: jax.Array  # [KVH, num_pages, page_size, Hd]
+    page_table: jax.Array  # [rows, pages_per_row] int32
+    k_scale: jax.Array | None = None  # int8 pages only: [KVH, num_pages, page_size] float32
     v_scale: jax.Array | None = None
+
+    def write(self, k: jax.Array, v: jax.Array, positions: jax.Array) -> PagedLayer:
+        """k, v [B, T, KVH, Hd] of tokens at ``positions`` [B, T] stored in their rows' pages (:func:`write_pages`)."""
+        return write_pages(self, k, v, positions)
+
+    def attend(self, q: jax.Array, positions: jax.Array, policy) -> jax.Array:
+        """q [B, T, KVH, G, Hd] at ``positions`` [B, T] -> [B, T, KVH*G*Hd] float32, read through the table:
+        :func:`read_pages` (XLA), or the ragged paged kernel (:func:`pallas_paged`) under ``attention="pallas"``.
+        ``policy``: the model's :class:`~jaxlab.engine.model.Policy` (its matmul and its attention switch)."""
+        if policy.attention == "pallas":
+            return pallas_paged(q, self, positions, policy)
+        return read_pages(q, self, positions, policy.matmul)
 
 
 def paged_cache_bytes(cfg: LlamaConfig, num_pages: int, page_size: int, dtype=jnp.float32) -> int:
@@ -228,3 +246,23 @@ def read_pages(q: jax.Array, layer: PagedLayer, positions: jax.Array, matmul: Ma
         out = acc / total
     out = out.reshape(b, kvh, g, t, hd).transpose(0, 3, 1, 2, 4)
     return out.reshape(b, t, kvh * g * hd)
+
+
+def pallas_paged(q: jax.Array, layer: PagedLayer, positions: jax.Array, policy) -> jax.Array:
+    """Attention through the page table as the Pallas ragged paged kernel: q [B, T, KVH, G, Hd] at positions
+    [B, T] -> [B, T, KVH*G*Hd] float32, the layout :func:`read_pages` returns. ``policy``: the model's
+    :class:`~jaxlab.engine.model.Policy` (the kernel's matmul dtype and precision)."""
+    if layer.k_scale is not None:
+        raise ConfigError("attention='pallas' reads float pages: drop the int8 cache, or use attention 'xla'")
+    b, t, kvh, g, hd = q.shape
+    qn = q.transpose(0, 2, 3, 1, 4).reshape(b, kvh, g * t, hd)  # query (g, t) at row g*T + t
+    out = paged_attention(
+        qn,
+        layer.k,
+        layer.v,
+        layer.page_table,
+        jnp.tile(positions, (1, g)),
+        dtype=policy.jnp_dtype,
+        precision=policy.lax_precision,
+    )
+    return out.reshape(b, kvh, g, t, hd).transpose(0, 3, 1, 2, 4).reshape(b, t, kvh * g * hd)
