@@ -21,6 +21,12 @@ int8 cache (``init_cache(..., dtype="int8")``): ``k`` and ``v`` hold int8 and ``
 computed when the token is written: :func:`quantize_kv`). Attention multiplies the scores by the key
 scales and folds the value scales into the attention weights, so the int8 arrays are read as they are.
 Memory: a quarter of float32 plus 8 bytes per slot per kv head per layer.
+
+What a layer's attention sees (:meth:`KVCache.layer`): a :class:`KVLayer`, float or int8, with two methods, the
+interface every cache kind shares (the paged cache's is :class:`~jaxlab.engine.paged.PagedLayer`): ``write(k, v,
+positions)`` stores the new tokens and returns the updated layer, ``attend(q, positions, policy)`` returns the
+attention output. The "int8 or not" and "XLA or Pallas" branching lives there, not in the model; the model puts
+the layers back together with :meth:`KVCache.with_layers`.
 """
 
 from __future__ import annotations
@@ -32,6 +38,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxlab.engine.kernels import flash_attention
+from jaxlab.engine.kernels.common import MASK_VALUE
+from jaxlab.errors import ConfigError
 from jaxlab.io.config import LlamaConfig
 from jaxlab.quant.formats import join_split, split_activations
 
@@ -60,6 +69,108 @@ class KVCache:
 
     def nbytes(self) -> int:
         return sum(a.size * a.dtype.itemsize for a in (*self.k, *self.v, *self.k_scale, *self.v_scale))
+
+    def layer(self, i: int) -> KVLayer:
+        """Layer ``i`` as its attention sees it (the shared ``pos`` and ``index`` included)."""
+        scales = (self.k_scale[i], self.v_scale[i]) if self.k_scale else (None, None)
+        return KVLayer(self.k[i], self.v[i], self.pos, self.index, *scales)
+
+    def with_layers(self, layers: Sequence[KVLayer]) -> KVCache:
+        """The cache after a pass: every layer as :meth:`KVLayer.write` left it (each wrote the same ``pos`` and
+        ``index``; the first layer's are taken)."""
+        scales = {}
+        if self.k_scale:
+            scales = dict(k_scale=tuple(x.k_scale for x in layers), v_scale=tuple(x.v_scale for x in layers))
+        return KVCache(tuple(x.k for x in layers), tuple(x.v for x in layers), layers[0].pos, layers[0].index, **scales)
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class KVLayer:
+    """One layer of the contiguous cache, float or int8: :meth:`write` the new tokens, then :meth:`attend`.
+
+    Layouts: K [B*KVH, S, Hd] and V [B*KVH, Hd, S]. Both attention matmuls then contract over a minor axis and
+    have one batch axis with no size-1 dimension; with [B, S, KVH, Hd] (or any layout with a size-1 batch axis)
+    XLA copied every layer's whole cache each step."""
+
+    k: jax.Array  # [B*KVH, S, Hd]
+    v: jax.Array  # [B*KVH, Hd, S]
+    pos: jax.Array  # [B, S] int32, each slot's position; -1 = empty or padding
+    index: jax.Array | int  # [] int32, the next slot to write
+    k_scale: jax.Array | None = None  # int8 cache only: [B*KVH, S] float32
+    v_scale: jax.Array | None = None  # int8 cache only: [B*KVH, S] float32
+
+    @staticmethod
+    def of(k: jax.Array, v: jax.Array, positions: jax.Array) -> KVLayer:
+        """The keys and values k, v [B, T, KVH, Hd] of tokens at ``positions`` [B, T] as a layer of their own T
+        slots, in the cache's layouts: attention without a cache, and what :meth:`write` stores."""
+        b, t, kvh, hd = k.shape
+        k = k.transpose(0, 2, 1, 3).reshape(b * kvh, t, hd)  # [B*KVH, T, Hd]
+        v = v.transpose(0, 2, 3, 1).reshape(b * kvh, hd, t)  # [B*KVH, Hd, T]
+        return KVLayer(k, v, positions, t)
+
+    def write(self, k: jax.Array, v: jax.Array, positions: jax.Array) -> KVLayer:
+        """Store k, v [B, T, KVH, Hd] of tokens at ``positions`` [B, T] in slots ``index .. index+T-1``: one
+        ``dynamic_update_slice`` per array, in place when the cache is donated. int8: each vector quantized with
+        its own scale (:func:`quantize_kv`)."""
+        new, i = KVLayer.of(k, v, positions), self.index
+        pos = jax.lax.dynamic_update_slice(self.pos, positions.astype(self.pos.dtype), (0, i))
+        if self.k_scale is None:
+            nk, nv, scales = new.k.astype(self.k.dtype), new.v.astype(self.v.dtype), {}
+        else:
+            (nk, ks), (nv, vs) = quantize_kv(new.k, axis=2), quantize_kv(new.v, axis=1)
+            scales = dict(
+                k_scale=jax.lax.dynamic_update_slice(self.k_scale, ks, (0, i)),  # [B*KVH, S]
+                v_scale=jax.lax.dynamic_update_slice(self.v_scale, vs, (0, i)),
+            )
+        k = jax.lax.dynamic_update_slice(self.k, nk, (0, i, 0))
+        v = jax.lax.dynamic_update_slice(self.v, nv, (0, 0, i))
+        return KVLayer(k, v, pos, i + new.k.shape[1], **scales)
+
+    def attend(self, q: jax.Array, positions: jax.Array, policy) -> jax.Array:
+        """Attention of q [B, T, KVH, G, Hd] at ``positions`` [B, T] over the layer's slots -> [B, T, KVH*G*Hd]
+        float32: a query at position p sees the slots holding positions 0..p. ``policy`` is the model's
+        :class:`~jaxlab.engine.model.Policy`: its matmul, and its attention switch ("xla" or "pallas")."""
+        b, t, kvh, g, hd = q.shape
+        bk, s = b * kvh, self.pos.shape[1]
+        q = q.transpose(0, 2, 3, 1, 4).reshape(bk, g * t, hd)  # [B*KVH, G*T, Hd]: a group's G heads read one K/V head
+        if policy.attention == "pallas":
+            out = pallas_contiguous(q, self, positions, policy)
+        else:
+            if self.k_scale is not None:  # int8: the key scales multiply the scores
+                scores = int8_bmm(q, self.k, 2) * self.k_scale[:, None, :]
+            else:
+                scores = policy.matmul("nqd,nsd->nqs", q, self.k)
+            scores = scores.astype(policy.acc_dtype).reshape(b, kvh, g, t, s) * (hd**-0.5)
+            visible = (self.pos[:, None, :] >= 0) & (self.pos[:, None, :] <= positions[:, :, None])  # [B, T, S]
+            scores = jnp.where(visible[:, None, None], scores, MASK_VALUE)
+            probs = jax.nn.softmax(scores, axis=-1).reshape(bk, g * t, s)
+            if self.v_scale is not None:  # fold each value vector's scale into its attention weight
+                out = int8_bmm(probs * self.v_scale[:, None, :], self.v, 2)  # [B*KVH, G*T, Hd]
+            else:
+                out = policy.matmul("nqs,nds->nqd", probs, self.v)
+        return out.reshape(b, kvh, g, t, hd).transpose(0, 3, 1, 2, 4).reshape(b, t, kvh * g * hd)
+
+
+def pallas_contiguous(q: jax.Array, layer: KVLayer, positions: jax.Array, policy) -> jax.Array:
+    """The contiguous cache's attention as the Pallas flash kernel: q [B*KVH, G*T, Hd] at positions [B, T] over a
+    float layer (K [B*KVH, S, Hd], V [B*KVH, Hd, S], its slots' positions [B, S]) -> [B*KVH, G*T, Hd] float32."""
+    if layer.k_scale is not None:
+        raise ConfigError("attention='pallas' reads a float KV cache: drop the int8 cache, or use attention 'xla'")
+    b, t = positions.shape
+    kvh, g_t = q.shape[0] // b, q.shape[1]
+    q_pos = jnp.broadcast_to(jnp.tile(positions, (1, g_t // t))[:, None], (b, kvh, g_t))
+    k_pos = jnp.broadcast_to(layer.pos[:, None], (b, kvh, layer.pos.shape[1]))
+    return flash_attention(
+        q,
+        layer.k,
+        layer.v,
+        q_pos.reshape(b * kvh, -1),
+        k_pos.reshape(b * kvh, -1),
+        v_transposed=True,
+        dtype=policy.jnp_dtype,
+        precision=policy.lax_precision,
+    )
 
 
 def kv_vector_bytes(cfg: LlamaConfig, dtype=jnp.float32) -> int:

@@ -36,10 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxlab.engine.kernels import flash_attention, paged_attention
-from jaxlab.engine.kernels.common import MASK_VALUE
-from jaxlab.engine.kvcache import KVCache, int8_bmm, quantize_kv
-from jaxlab.engine.paged import PagedKVCache, PagedLayer, read_pages, write_pages
+from jaxlab.engine.kvcache import KVCache, KVLayer
+from jaxlab.engine.paged import PagedKVCache
 from jaxlab.errors import ConfigError
 from jaxlab.io.config import DTYPES, LlamaConfig
 from jaxlab.quant.formats import QuantizedMatrix, params_format
@@ -101,6 +99,10 @@ class Policy:
         """What matmuls sum in and what the residual stream, norms, RoPE, softmax and logits are computed in:
         float32, or float64 under the "float64" policy (gradient checks with ``jax_enable_x64``)."""
         return jnp.float64 if self.dtype == "float64" else jnp.float32
+
+    def matmul(self, spec: str, a: Array, b: Array) -> Array:
+        """:func:`matmul` under this policy: what the cache layers' attention calls (``KVLayer.attend``)."""
+        return matmul(spec, a, b, self)
 
 
 BF16_MIN_COMPUTE_CAPABILITY = (8, 0)  # Ampere (A100, sm 80) and later have bfloat16 tensor cores
@@ -246,107 +248,19 @@ class Attention(nnx.Module):
         self.cfg = cfg
         self.policy = policy
 
-    def __call__(self, x, positions, cos, sin, key_positions, cache_kv=None, index=None):
-        # x [B, T, D]; positions [B, T]; key_positions [B, S]; cache_kv: (K [B*KVH, S, Hd], V [B*KVH, Hd, S]),
-        # plus (K scales, V scales) [B*KVH, S] for the int8 cache; a PagedLayer for the paged cache; or None
+    def __call__(self, x, positions, cos, sin, cache=None):
+        # x [B, T, D]; positions [B, T]; cache: this layer's KV cache (KVCache.layer(i): float or int8;
+        # PagedKVCache.layer(i): pages) or None -> (output [B, T, D], the layer's cache after the write, or None)
         cfg, pol = self.cfg, self.policy
         b, t, _ = x.shape
         q = dense(x, self.wq.get_value(), pol).reshape(b, t, cfg.n_kv_heads, cfg.q_per_kv, cfg.head_dim)
         k = dense(x, self.wk.get_value(), pol).reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
         v = dense(x, self.wv.get_value(), pol).reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if isinstance(cache_kv, PagedLayer):  # the paged cache: each row its own positions, read through its pages
-            layer = write_pages(cache_kv, k, v, positions)
-            if pol.attention == "pallas":
-                out = pallas_paged(q, layer, positions, pol)
-            else:
-                out = read_pages(q, layer, positions, lambda spec, a, b: matmul(spec, a, b, pol))
-            return dense(out.astype(x.dtype), self.wo.get_value(), pol), layer
-        # Cache layouts: K [B*KVH, S, Hd] and V [B*KVH, Hd, S]. Both attention matmuls then contract
-        # over a minor axis and have one batch axis with no size-1 dimension; with [B, S, KVH, Hd]
-        # (or any layout with a size-1 batch axis) XLA copied every layer's whole cache each step.
-        bk = b * cfg.n_kv_heads
-        k = k.transpose(0, 2, 1, 3).reshape(bk, t, cfg.head_dim)  # [B*KVH, T, Hd]
-        v = v.transpose(0, 2, 3, 1).reshape(bk, cfg.head_dim, t)  # [B*KVH, Hd, T]
-        k_scale = v_scale = None
-        if cache_kv is not None and len(cache_kv) == 4:
-            # int8 cache: each new key/value vector stored as int8 with its own scale (kvcache.quantize_kv)
-            ck, cv, cks, cvs = cache_kv
-            (kq, ks), (vq, vs) = quantize_kv(k, axis=2), quantize_kv(v, axis=1)
-            k = jax.lax.dynamic_update_slice(ck, kq, (0, index, 0))
-            v = jax.lax.dynamic_update_slice(cv, vq, (0, 0, index))
-            k_scale = jax.lax.dynamic_update_slice(cks, ks, (0, index))  # [B*KVH, S]
-            v_scale = jax.lax.dynamic_update_slice(cvs, vs, (0, index))
-            new_kv = (k, v, k_scale, v_scale)
-        elif cache_kv is not None:
-            ck, cv = cache_kv
-            k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, index, 0))
-            v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, 0, index))
-            new_kv = (k, v)
-        else:
-            new_kv = None
-        g_t = cfg.q_per_kv * t
-        q = q.transpose(0, 2, 3, 1, 4).reshape(bk, g_t, cfg.head_dim)  # [B*KVH, G*T, Hd]
-        # each of the G query heads of a group reads the same K/V head
-        if pol.attention == "pallas":
-            out = pallas_contiguous(q, k, v, positions, key_positions, cfg, pol, int8=k_scale is not None)
-        elif k_scale is not None:
-            scores = int8_bmm(q, k, 2) * k_scale[:, None, :]
-        else:
-            scores = matmul("nqd,nsd->nqs", q, k, pol)
-        if pol.attention != "pallas":
-            s_len = scores.shape[-1]
-            scores = scores.astype(pol.acc_dtype).reshape(b, cfg.n_kv_heads, cfg.q_per_kv, t, s_len)
-            scores = scores * (cfg.head_dim**-0.5)
-            visible = (key_positions[:, None, :] >= 0) & (key_positions[:, None, :] <= positions[:, :, None])
-            scores = jnp.where(visible[:, None, None], scores, MASK_VALUE)  # visible [B, T, S]
-            probs = jax.nn.softmax(scores, axis=-1).reshape(bk, g_t, s_len)
-            if v_scale is not None:  # fold each value vector's scale into its attention weight
-                out = int8_bmm(probs * v_scale[:, None, :], v, 2)  # [B*KVH, G*T, Hd]
-            else:
-                out = matmul("nqs,nds->nqd", probs, v, pol)
-        out = out.reshape(b, cfg.n_kv_heads, cfg.q_per_kv, t, cfg.head_dim).transpose(0, 3, 1, 2, 4)
-        out = out.reshape(b, t, cfg.n_heads * cfg.head_dim).astype(x.dtype)
-        return dense(out, self.wo.get_value(), pol), new_kv
-
-
-def pallas_contiguous(q, k, v, positions, key_positions, cfg: LlamaConfig, pol: Policy, int8: bool = False):
-    """The contiguous cache's attention as the Pallas flash kernel: q [B*KVH, G*T, Hd], k [B*KVH, S, Hd],
-    v [B*KVH, Hd, S] (the cache layouts), positions [B, T], key_positions [B, S] -> [B*KVH, G*T, Hd] float32."""
-    if int8:
-        raise ConfigError("attention='pallas' reads a float KV cache: drop the int8 cache, or use attention 'xla'")
-    b, kvh = positions.shape[0], cfg.n_kv_heads
-    q_pos = jnp.broadcast_to(jnp.tile(positions, (1, cfg.q_per_kv))[:, None], (b, kvh, q.shape[1]))
-    k_pos = jnp.broadcast_to(key_positions[:, None], (b, kvh, key_positions.shape[1]))
-    return flash_attention(
-        q,
-        k,
-        v,
-        q_pos.reshape(b * kvh, -1),
-        k_pos.reshape(b * kvh, -1),
-        v_transposed=True,
-        dtype=pol.jnp_dtype,
-        precision=pol.lax_precision,
-    )
-
-
-def pallas_paged(q, layer: PagedLayer, positions, pol: Policy):
-    """Attention through the page table as the Pallas ragged paged kernel: q [B, T, KVH, G, Hd] at positions
-    [B, T] -> [B, T, KVH*G*Hd] float32, the layout :func:`~jaxlab.engine.paged.read_pages` returns."""
-    if layer.k_scale is not None:
-        raise ConfigError("attention='pallas' reads float pages: drop the int8 cache, or use attention 'xla'")
-    b, t, kvh, g, hd = q.shape
-    qn = q.transpose(0, 2, 3, 1, 4).reshape(b, kvh, g * t, hd)  # query (g, t) at row g*T + t
-    out = paged_attention(
-        qn,
-        layer.k,
-        layer.v,
-        layer.page_table,
-        jnp.tile(positions, (1, g)),
-        dtype=pol.jnp_dtype,
-        precision=pol.lax_precision,
-    )
-    return out.reshape(b, kvh, g, t, hd).transpose(0, 3, 1, 2, 4).reshape(b, t, kvh * g * hd)
+        # one path for every cache kind: the layer holds the "int8 or not", "paged or not", "XLA or Pallas" choice
+        layer = KVLayer.of(k, v, positions) if cache is None else cache.write(k, v, positions)
+        out = layer.attend(q, positions, pol)  # [B, T, H*Hd]
+        return dense(out.astype(x.dtype), self.wo.get_value(), pol), (None if cache is None else layer)
 
 
 class MLP(nnx.Module):
@@ -376,16 +290,16 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps, policy)
         self.mlp = MLP(cfg, policy, rngs)
 
-    def __call__(self, x, positions, cos, sin, key_positions, cache_kv=None, index=None, reduce: Reduce | None = None):
+    def __call__(self, x, positions, cos, sin, cache=None, reduce: Reduce | None = None):
         # reduce: what joins the row-parallel outputs before the residual add (psum under tensor parallelism)
         # named scopes: a profile (tools.profile) and the compiled program's op names read layerN/attention/...
         reduce = reduce or _identity
         with jax.named_scope("attention"):
-            h, new_kv = self.attn(self.attn_norm(x), positions, cos, sin, key_positions, cache_kv, index)
+            h, cache = self.attn(self.attn_norm(x), positions, cos, sin, cache)
             x = x + reduce(h)
         with jax.named_scope("mlp"):
             x = x + reduce(self.mlp(self.mlp_norm(x)))
-        return x, new_kv
+        return x, cache
 
 
 def _identity(x: Array) -> Array:
@@ -411,7 +325,7 @@ class Llama(nnx.Module):
         self,
         tokens: Array,
         positions: Array,
-        cache: KVCache | None = None,
+        cache: KVCache | PagedKVCache | None = None,
         *,
         last_only: bool = False,
         upto: int | tuple[int, ...] | None = None,
@@ -445,42 +359,21 @@ class Llama(nnx.Module):
         else:
             x = jnp.take(embed, tokens, axis=0).astype(dt).astype(acc)  # [B, T, D]
         cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, acc)
-        paged = isinstance(cache, PagedKVCache)
-        if cache is not None and not paged:
-            key_positions = jax.lax.dynamic_update_slice(cache.pos, positions.astype(cache.pos.dtype), (0, cache.index))
-        else:
-            key_positions = positions
-        new_kv, early = [], []
+        new_layers, early = [], []
         for i, layer in enumerate(layers):
             with jax.named_scope(f"layer{i}"):
-                kv = None
-                if paged:
-                    kv = cache.layer(i)
-                elif cache is not None:
-                    kv = (cache.k[i], cache.v[i]) + ((cache.k_scale[i], cache.v_scale[i]) if cache.k_scale else ())
-                index = None if cache is None or paged else cache.index
+                kv = None if cache is None else cache.layer(i)  # a KVLayer or a PagedLayer: write, then attend
                 if remat:  # keep only each layer's input for the backward pass; recompute the inside
-                    x, kv = jax.checkpoint(
-                        lambda h, lyr=layer: lyr(h, positions, cos, sin, key_positions, reduce=reduce)
-                    )(x)
+                    x, kv = jax.checkpoint(lambda h, lyr=layer: lyr(h, positions, cos, sin, reduce=reduce))(x)
                 else:
-                    x, kv = layer(x, positions, cos, sin, key_positions, kv, index, reduce)
-            if kv is not None:
-                new_kv.append(kv)
+                    x, kv = layer(x, positions, cos, sin, kv, reduce)
+            new_layers.append(kv)
             if i + 1 in exits[:-1]:  # an early exit: this layer's output read by the final norm and head
                 early.append(self.head(x, last_only, at))
         logits = self.head(x, last_only, at)
         if isinstance(upto, tuple):
             logits = (*early, logits)  # one [B, T or 1, V] per exit
-        if cache is None:
-            return logits, None
-        if paged:
-            return logits, PagedKVCache.from_layers(new_kv, cache.page_table)
-        t = tokens.shape[1]
-        parts = list(zip(*new_kv))  # k, v (, k_scale, v_scale) per layer
-        scales = dict(k_scale=tuple(parts[2]), v_scale=tuple(parts[3])) if len(parts) == 4 else {}
-        new_cache = KVCache(k=tuple(parts[0]), v=tuple(parts[1]), pos=key_positions, index=cache.index + t, **scales)
-        return logits, new_cache
+        return logits, (None if cache is None else cache.with_layers(new_layers))
 
     def head(self, x: Array, last_only: bool = False, at: Array | None = None) -> Array:
         """The residual stream [B, T, D] -> logits [B, T (or 1 with ``last_only``, or A with ``at`` [B, A]), V] float32:

@@ -18,9 +18,10 @@ page_size] float32 one scale per stored vector, as in the contiguous int8 cache
 Reading (:func:`read_pages`): a query at position ``p`` of row ``r`` attends to the row's keys at positions
 ``0..p``, read through the table. Up to :data:`BLOCK_TOKENS` keys per row are gathered in one go and
 attended with one softmax, as the contiguous cache does; a longer table is read block by block in a
-``fori_loop`` with an online softmax (running max, running sum), so the gathered copy of a block stays
-small instead of a copy of the whole context per step (measured on 2 CPU cores, one layer at batch 32 and
-1,024 positions: gathering everything 29 ms, block by block 12 ms, the contiguous cache 12-15 ms).
+``fori_loop`` with the kernels' online softmax (:func:`~jaxlab.engine.kernels.common.online_softmax`), so the
+gathered copy of a block stays small instead of a copy of the whole context per step (measured on 2 CPU cores,
+one layer at batch 32 and 1,024 positions: gathering everything 29 ms, block by block 12 ms, the contiguous
+cache 12-15 ms).
 
 The host side (which pages are free, which row holds which, prefix reuse) is :mod:`jaxlab.engine.pages`.
 """
@@ -28,14 +29,16 @@ The host side (which pages are free, which row holds which, prefix reuse) is :mo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlab.engine.kernels.common import MASK_VALUE
+from jaxlab.engine.kernels import paged_attention
+from jaxlab.engine.kernels.common import MASK_VALUE, online_softmax
 from jaxlab.engine.kvcache import int8_bmm, kv_vector_bytes, quantize_kv
+from jaxlab.errors import ConfigError
 from jaxlab.io.config import LlamaConfig
 
 #: Keys per row gathered at once; a longer page table is read in blocks of this many (online softmax).
@@ -85,25 +88,41 @@ class PagedKVCache:
         return PagedKVCache(self.k, self.v, table, self.k_scale, self.v_scale)
 
     def layer(self, i: int) -> PagedLayer:
+        """Layer ``i``'s pools and the table, as its attention sees them."""
         scales = (self.k_scale[i], self.v_scale[i]) if self.k_scale else (None, None)
         return PagedLayer(self.k[i], self.v[i], self.page_table, *scales)
 
-    @staticmethod
-    def from_layers(layers: list[PagedLayer], page_table) -> PagedKVCache:
+    def with_layers(self, layers: Sequence[PagedLayer]) -> PagedKVCache:
+        """The cache after a pass: every layer's pools as :meth:`PagedLayer.write` left them, the same table."""
         scales = {}
-        if layers and layers[0].k_scale is not None:
+        if self.k_scale:
             scales = dict(k_scale=tuple(x.k_scale for x in layers), v_scale=tuple(x.v_scale for x in layers))
-        return PagedKVCache(tuple(x.k for x in layers), tuple(x.v for x in layers), page_table, **scales)
+        return PagedKVCache(tuple(x.k for x in layers), tuple(x.v for x in layers), self.page_table, **scales)
 
 
-class PagedLayer(NamedTuple):
-    """One layer's pools and the table, as the attention of that layer sees them."""
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class PagedLayer:
+    """One layer's pools and the table, as the attention of that layer sees them: the interface of the contiguous
+    :class:`~jaxlab.engine.kvcache.KVLayer` (:meth:`write`, then :meth:`attend`), over pages."""
 
-    k: jax.Array
-    v: jax.Array
-    page_table: jax.Array
-    k_scale: jax.Array | None = None
+    k: jax.Array  # [KVH, num_pages, page_size, Hd]
+    v: jax.Array  # [KVH, num_pages, page_size, Hd]
+    page_table: jax.Array  # [rows, pages_per_row] int32
+    k_scale: jax.Array | None = None  # int8 pages only: [KVH, num_pages, page_size] float32
     v_scale: jax.Array | None = None
+
+    def write(self, k: jax.Array, v: jax.Array, positions: jax.Array) -> PagedLayer:
+        """k, v [B, T, KVH, Hd] of tokens at ``positions`` [B, T] stored in their rows' pages (:func:`write_pages`)."""
+        return write_pages(self, k, v, positions)
+
+    def attend(self, q: jax.Array, positions: jax.Array, policy) -> jax.Array:
+        """q [B, T, KVH, G, Hd] at ``positions`` [B, T] -> [B, T, KVH*G*Hd] float32, read through the table:
+        :func:`read_pages` (XLA), or the ragged paged kernel (:func:`pallas_paged`) under ``attention="pallas"``.
+        ``policy``: the model's :class:`~jaxlab.engine.model.Policy` (its matmul and its attention switch)."""
+        if policy.attention == "pallas":
+            return pallas_paged(q, self, positions, policy)
+        return read_pages(q, self, positions, policy.matmul)
 
 
 def paged_cache_bytes(cfg: LlamaConfig, num_pages: int, page_size: int, dtype=jnp.float32) -> int:
@@ -214,20 +233,36 @@ def read_pages(q: jax.Array, layer: PagedLayer, positions: jax.Array, matmul: Ma
             )
 
         def body(i, carry):
-            m, total, acc = carry
             pages = jax.lax.dynamic_slice_in_dim(layer.page_table, i * per_block, per_block, axis=1)
             scores, v, vs = _block(qn, layer, pages, i * per_block * ps, positions, matmul, scale)
-            m_new = jnp.maximum(m, scores.max(axis=-1))
-            p = jnp.exp(scores - m_new[..., None])
-            corr = jnp.exp(m - m_new)
-            return m_new, total * corr + p.sum(axis=-1), acc * corr[..., None] + _values(p, v, vs, matmul)
+            return online_softmax(*carry, scores, lambda p: _values(p, v, vs, matmul))
 
         init = (
-            jnp.full((b * kvh, g * t), MASK_VALUE, jnp.float32),
-            jnp.zeros((b * kvh, g * t), jnp.float32),
+            jnp.full((b * kvh, g * t, 1), MASK_VALUE, jnp.float32),
+            jnp.zeros((b * kvh, g * t, 1), jnp.float32),
             jnp.zeros((b * kvh, g * t, hd), jnp.float32),
         )
         _, total, acc = jax.lax.fori_loop(0, pages_per_row // per_block, body, init)
-        out = acc / total[..., None]
+        out = acc / total
     out = out.reshape(b, kvh, g, t, hd).transpose(0, 3, 1, 2, 4)
     return out.reshape(b, t, kvh * g * hd)
+
+
+def pallas_paged(q: jax.Array, layer: PagedLayer, positions: jax.Array, policy) -> jax.Array:
+    """Attention through the page table as the Pallas ragged paged kernel: q [B, T, KVH, G, Hd] at positions
+    [B, T] -> [B, T, KVH*G*Hd] float32, the layout :func:`read_pages` returns. ``policy``: the model's
+    :class:`~jaxlab.engine.model.Policy` (the kernel's matmul dtype and precision)."""
+    if layer.k_scale is not None:
+        raise ConfigError("attention='pallas' reads float pages: drop the int8 cache, or use attention 'xla'")
+    b, t, kvh, g, hd = q.shape
+    qn = q.transpose(0, 2, 3, 1, 4).reshape(b, kvh, g * t, hd)  # query (g, t) at row g*T + t
+    out = paged_attention(
+        qn,
+        layer.k,
+        layer.v,
+        layer.page_table,
+        jnp.tile(positions, (1, g)),
+        dtype=policy.jnp_dtype,
+        precision=policy.lax_precision,
+    )
+    return out.reshape(b, kvh, g, t, hd).transpose(0, 3, 1, 2, 4).reshape(b, t, kvh * g * hd)

@@ -153,7 +153,7 @@ def attention_by_hand(attn, x, positions, cos, sin):
 attn = Attention(cfg, policy, rngs)
 x = jax.random.normal(jax.random.key(2), (1, 5, cfg.dim))  # [B, T, D]
 print("wq", attn.wq.shape, "(9 heads x 64) | wk", attn.wk.shape, "wv", attn.wv.shape, "(3 heads x 64) | wo", attn.wo.shape)
-out, _ = attn(x, positions, cos, sin, positions)  # the model's class: (output, cache) -> no cache here
+out, _ = attn(x, positions, cos, sin)  # the model's class: (output, cache) -> no cache here
 print("attention output", out.shape)
 mine = attention_by_hand(attn, x, positions, cos, sin)
 _ = check("attention_by_hand == the model's Attention", bool(jnp.allclose(mine, out, atol=1e-5, rtol=1e-4)),
@@ -166,7 +166,7 @@ _ = check("attention_by_hand == the model's Attention", bool(jnp.allclose(mine, 
 
 # %%
 x2 = x.at[:, -1].set(100.0)
-out2, _ = attn(x2, positions, cos, sin, positions)
+out2, _ = attn(x2, positions, cos, sin)
 check("changing token 4 leaves the outputs at positions 0-3 unchanged",
       bool(jnp.array_equal(out[:, :4], out2[:, :4])))
 _ = check("... and changes the output at position 4", not bool(jnp.allclose(out[:, 4], out2[:, 4])))
@@ -198,7 +198,7 @@ mlp = MLP(cfg, policy, rngs)
 print("w_gate", mlp.w_gate.shape, "w_up", mlp.w_up.shape, "w_down", mlp.w_down.shape)
 print("MLP:", x.shape, "->", mlp(x).shape)
 block = Block(cfg, policy, rngs)
-y, _ = block(x, positions, cos, sin, positions)
+y, _ = block(x, positions, cos, sin)
 n_block = sum(p.size for p in jax.tree.leaves(nnx.state(block, nnx.Param)))
 print("block:", x.shape, "->", y.shape, f"| {n_block:,} parameters per block")
 

@@ -63,11 +63,16 @@ _ = cache_structure(cache, cfg)
 # %% [markdown]
 # Where does the model read and write it? In every layer's attention: the new tokens' K and V go into the slots
 # `index .. index + T − 1` with one `dynamic_update_slice` each, and the queries then attend to *all* slots,
-# the mask (from `pos`) hiding the empty ones and the padding. Here is the whole class; the cache lines are the
-# `cache_kv` branch in the middle:
+# the mask (from `pos`) hiding the empty ones and the padding. Here is attention's whole call: the cache is one
+# line, `cache.write(k, v, positions)`, then `layer.attend(q, ...)`. Each kind of cache (contiguous float,
+# contiguous int8, paged) is a small layer object with those two methods; the contiguous cache's is `KVLayer`,
+# whose `write` follows:
 
 # %% tags=["nbval-ignore-output"]
+from jaxlab.engine.kvcache import KVLayer
+
 _ = show_source(Attention.__call__)
+_ = show_source(KVLayer.write)
 
 # %% [markdown]
 # Because `KVCache` is registered as a pytree, every JAX transformation sees through it: `jax.jit`

@@ -131,9 +131,11 @@ _ = table([{"RMSNorm, 256 x 576": "jnp formula, jitted", "ms": t_xla * 1e3},
 # reads keys a block at a time and keeps three running quantities per query: the maximum `m` of the scores so
 # far, the sum `l` of `exp(s - m)` and the unnormalised output `acc = Σ exp(s - m) v`. When a block raises the
 # maximum from `m` to `m'`, everything so far is rescaled by `exp(m - m')`; masked keys add nothing. This is the
-# whole trick, in `jaxlab/engine/kernels/common.py`:
+# whole trick, `online_softmax` in `jaxlab/engine/kernels/common.py` (the XLA path over pages folds its
+# blocks with it too); `online_update` gives it one block's scores and mask, as the kernels do:
 
 # %% tags=["nbval-ignore-output"]
+_ = show_source(common.online_softmax, skip_docstring=True)
 _ = show_source(common.online_update, skip_docstring=True)
 
 # %% [markdown]
@@ -311,9 +313,10 @@ for platform, variant, call in (("tpu", "tpu", "tpu_custom_call"), ("cuda", "gpu
 # ## 6 · Plugged into the engine
 #
 # `with_attention(params, "pallas")` gives the same weights with `Policy(attention="pallas")`: the contiguous
-# cache's attention becomes the flash kernel, the paged cache's the paged kernel (`pallas_contiguous` and
-# `pallas_paged` in `jaxlab/engine/model.py`). **Predict first:** the kernels sum in a different order from XLA's
-# softmax. Will greedy decoding of SmolLM2 pick the same tokens?
+# cache's attention becomes the flash kernel, the paged cache's the paged kernel (the cache layers' `attend` calls
+# `pallas_contiguous` in `jaxlab/engine/kvcache.py` and `pallas_paged` in `jaxlab/engine/paged.py`). **Predict
+# first:** the kernels sum in a different order from XLA's softmax. Will greedy decoding of SmolLM2 pick the same
+# tokens?
 
 # %% tags=["nbval-ignore-output"]
 import jaxlab

@@ -135,6 +135,42 @@ def test_jit_with_a_donated_paged_cache():
     np.testing.assert_allclose(np.asarray(logits[:, 0]), np.asarray(ref[:, 0]), atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["float32", "int8", "paged"])
+def test_every_cache_kind_is_one_layer_interface(kind):
+    """``cache.layer(i)`` gives what a layer's attention uses, for every kind: a pytree with ``write`` and ``attend``
+    that goes through ``jit`` and ``scan`` as it is; ``cache.with_layers`` puts a pass's layers back together."""
+    from jaxlab.engine.model import default_policy
+
+    cfg, pol = tiny(), default_policy()
+    if kind == "paged":
+        cache = init_paged_cache(cfg, 5, 4, rows=2, pages_per_row=2).with_table(np.asarray([[1, 2], [3, 4]]))
+    else:
+        cache = init_cache(cfg, 2, 8, kind)
+    keys = jax.random.split(jax.random.key(0), 3)
+    k, v = (jax.random.normal(x, (2, 3, cfg.n_kv_heads, cfg.head_dim)) for x in keys[:2])
+    q = jax.random.normal(keys[2], (2, 3, cfg.n_kv_heads, cfg.q_per_kv, cfg.head_dim))
+    positions = jnp.asarray([[0, 1, 2], [-1, 0, 1]])
+
+    def step(layer):  # a layer in -> the layer after the write, and the attention output [B, T, H*Hd]
+        layer = layer.write(k, v, positions)
+        return layer, layer.attend(q, positions, pol)
+
+    looped = [jax.jit(step)(cache.layer(i)) for i in range(cfg.n_layers)]
+    stacked = jax.tree.map(lambda *a: jnp.stack(a), *[cache.layer(i) for i in range(cfg.n_layers)])
+    _, (scanned, outs) = jax.lax.scan(lambda c, layer: (c, step(layer)), None, stacked)
+    for i, (layer, out) in enumerate(looped):
+        assert out.shape == (2, 3, cfg.n_heads * cfg.head_dim)
+        np.testing.assert_allclose(np.asarray(outs[i]), np.asarray(out), atol=1e-6)
+        for a, b in zip(jax.tree.leaves(layer), jax.tree.leaves(jax.tree.map(lambda x: x[i], scanned))):
+            atol = 1 if a.dtype == jnp.int8 else 1e-6  # an int8 value may round one step apart
+            np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=atol)
+    new = cache.with_layers([layer for layer, _ in looped])
+    assert type(new) is type(cache) and jax.tree.structure(new) == jax.tree.structure(cache)
+    assert all(np.abs(np.asarray(a, np.float32)).sum() > 0 for a in new.k)  # every layer's write is in
+    if kind != "paged":
+        assert int(new.index) == 3 and np.asarray(new.pos)[:, :3].tolist() == positions.tolist()
+
+
 #: bfloat16: the pages and the contiguous cache store the same bfloat16 keys and values; the two attentions sum
 #: in different orders, so logits agree to a stated tolerance (measured on the tiny model: max |diff| < 3e-3).
 BF16_ATOL = 2e-2

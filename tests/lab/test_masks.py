@@ -31,11 +31,11 @@ def test_visible_agrees_with_the_model():
     pos = jnp.asarray(pos)
     cos, sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta)
     x = jax.random.normal(jax.random.key(0), (2, 4, cfg.dim))
-    out, _ = attn(x, pos, cos, sin, pos)
+    out, _ = attn(x, pos, cos, sin)
     v = masks.visible(pos, pos)
     for b, s in [(1, 0), (0, 3)]:  # a padding key of row 1; the last key of row 0
         x2 = x.at[b, s].set(x[b, s] + 5.0)
-        out2, _ = attn(x2, pos, cos, sin, pos)
+        out2, _ = attn(x2, pos, cos, sin)
         for t in range(4):
             if t == s or pos[b, t] < 0:  # a padding query sees nothing: its (unused) output is a uniform mix
                 continue

@@ -1,7 +1,8 @@
 """Pallas kernels behind the model's attention switch (``Policy(attention="pallas")``, ``--attention pallas``).
 
 * :mod:`~jaxlab.engine.kernels.common` — where a kernel runs (TPU, GPU/Triton, interpret mode), the
-  online-softmax update both attention kernels use, and lowering for a chip that is not attached;
+  online-softmax update (both attention kernels and the XLA path over pages use it), and lowering for a chip
+  that is not attached;
 * :mod:`~jaxlab.engine.kernels.rmsnorm` — a first kernel: grid, ``BlockSpec`` and refs on something small;
 * :mod:`~jaxlab.engine.kernels.flash` — flash attention over the contiguous cache (prefill, and decode with it);
 * :mod:`~jaxlab.engine.kernels.paged_attention` — ragged paged attention over the paged cache, each row

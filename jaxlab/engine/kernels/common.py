@@ -10,8 +10,10 @@ Pallas writes one kernel body in JAX and lowers it three ways:
 * **interpret**: the body run as ordinary JAX operations, on any backend (the CPU here). It checks the
   logic, not the speed: every grid point becomes one step of a loop on the host device.
 
-:func:`online_update` is the flash-attention trick both attention kernels use: a softmax over keys read a
-block at a time, keeping a running maximum ``m``, a running sum ``total`` and an unnormalised output ``acc``.
+:func:`online_softmax` is the flash-attention trick: a softmax over keys read a block at a time, keeping a running
+maximum ``m``, a running sum ``total`` and an unnormalised output ``acc``. It is the one copy of that update: both
+attention kernels fold their blocks with it (through :func:`online_update`, which adds the block's scores and mask),
+and so does the XLA path over pages (:func:`jaxlab.engine.paged.read_pages`).
 """
 
 from __future__ import annotations
@@ -50,12 +52,30 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+def online_softmax(m, total, acc, s, values, visible=None):
+    """Fold one block of scores into a running softmax: the update itself, whatever computed the scores.
+
+    s [..., Q, K] float32 scores (hidden keys already at :data:`MASK_VALUE`); m, total [..., Q, 1] and acc
+    [..., Q, D] float32 the running maximum, sum and unnormalised output; ``values(p)`` the block's weights p
+    [..., Q, K] times its values -> [..., Q, D]. Returns the new (m, total, acc); the output is ``acc / total`` once
+    every block is in. A block that raises the maximum rescales what came before by ``exp(m_old - m_new)``.
+    With ``visible`` [..., Q, K], a hidden key's weight is exactly 0, so a query that sees nothing in the block
+    adds nothing (the kernels); without it a hidden key weighs ``exp(MASK_VALUE - m)``: 0 once the query has
+    seen a key, 1 while it has seen none, which the first visible key's rescaling then wipes out."""
+    m_new = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))
+    p = jnp.exp(s - m_new)
+    if visible is not None:
+        p = jnp.where(visible, p, 0.0)
+    corr = jnp.exp(m - m_new)
+    return m_new, total * corr + jnp.sum(p, axis=-1, keepdims=True), acc * corr + values(p)
+
+
 def online_update(m, total, acc, q, k, v, visible, *, scale: float, dtype, precision, v_transposed: bool = False):
-    """One block of keys folded into a running softmax.
+    """One block of keys folded into a running softmax, as the kernels see it: the block's scores, the mask, then
+    :func:`online_softmax`.
 
     q [Q, D], k [K, D], v [K, D] (or [D, K] with ``v_transposed``), visible [Q, K] bool; m, total [Q, 1] and
-    acc [Q, D] float32 -> the new (m, total, acc). The output is ``acc / total`` once every block is in. A block that
-    raises the maximum rescales what came before by ``exp(m_old - m_new)``."""
+    acc [Q, D] float32 -> the new (m, total, acc)."""
     s = jax.lax.dot_general(
         q.astype(dtype),
         k.astype(dtype),
@@ -64,14 +84,14 @@ def online_update(m, total, acc, q, k, v, visible, *, scale: float, dtype, preci
         preferred_element_type=jnp.float32,
     )  # [Q, K]
     s = jnp.where(visible, s * scale, MASK_VALUE)
-    m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
-    p = jnp.where(visible, jnp.exp(s - m_new), 0.0)  # a query that sees nothing in the block adds nothing
-    corr = jnp.exp(m - m_new)
     contract = (((1,), (1,)), ((), ())) if v_transposed else (((1,), (0,)), ((), ()))
-    pv = jax.lax.dot_general(
-        p.astype(dtype), v.astype(dtype), contract, precision=precision, preferred_element_type=jnp.float32
-    )  # [Q, D]
-    return m_new, total * corr + jnp.sum(p, axis=1, keepdims=True), acc * corr + pv
+
+    def values(p):  # [Q, K] -> [Q, D]
+        return jax.lax.dot_general(
+            p.astype(dtype), v.astype(dtype), contract, precision=precision, preferred_element_type=jnp.float32
+        )
+
+    return online_softmax(m, total, acc, s, values, visible)
 
 
 def reference_attention(q, k, v, q_pos, k_pos):

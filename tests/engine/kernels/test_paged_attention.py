@@ -10,8 +10,8 @@ from jax.experimental.pallas import tpu as pltpu
 
 from jaxlab.engine.kernels import lower, paged_attention
 from jaxlab.engine.kernels.paged_attention import page_counts
-from jaxlab.engine.model import Policy, matmul, pallas_paged
-from jaxlab.engine.paged import PagedLayer, read_pages
+from jaxlab.engine.model import Policy, matmul
+from jaxlab.engine.paged import PagedLayer, pallas_paged, read_pages
 from jaxlab.errors import ConfigError
 
 KVH, G, D, PS = 3, 3, 16, 8
