@@ -4,10 +4,11 @@ Most tests call ``main`` in this process (the session's model, loaded once: ``lo
 in a subprocess, for what only a real process shows: the answer from the shell, arguments that are not UTF-8,
 8 simulated devices, and that an error leaves one line on the process's stderr.
 
-The answers of the whole model are checked once per way in (the shell, chat, quantized weights, a mesh's EOS, stop
-strings); the tests of flags and their combinations run on its first two layers (``small_gguf``: real weights and
-tokenizer, a fraction of the compile time), where what is checked is the wiring: fields, lengths, seeds, and
-that two ways of decoding give the same tokens."""
+The answers of the whole model are checked once per way in (the shell, chat, a mesh's EOS); the tests of flags and
+their combinations (quantized weights, stop strings, speculative decoding) run on its first two layers
+(``small_gguf``: real weights and tokenizer, a fraction of the compile time), where what is checked is the wiring:
+fields, lengths, seeds, and that two ways of decoding give the same tokens. What quantization does to the whole
+model's answers is checked in tests/quant and notebook 09."""
 
 from __future__ import annotations
 
@@ -238,16 +239,18 @@ def test_speculative_gives_plain_greedy_tokens(small, capsys, method):
     assert spec["generated_ids"] == plain
 
 
-def test_speculative_honours_stop_strings_like_plain(gguf_path, capsys):
-    """--stop with --speculative cuts the reply where plain generation cuts it (both loops share TextStops)."""
-    # 32 new tokens, as test_mesh_reports_eos_like_the_generator: the same engine shapes, so its programs are
-    # compiled once in the run and then read from the compile cache
-    base = ["generate", "--json", "--max-new-tokens", "32", "--stop", " Paris", "What is the capital of France?"]
-    plain = generate_json(capsys, *base[2:])
-    assert plain["finish_reason"] == "stop"
-    assert main(base + ["--speculative", "ngram", "--draft-k", "3"]) == 0
-    spec = json.loads(capsys.readouterr().out)
-    assert (spec["text"], spec["finish_reason"]) == (plain["text"], "stop")
+def test_speculative_honours_stop_strings_like_plain(small, capsys):
+    """--stop with --speculative cuts the reply where plain generation cuts it (both loops share TextStops). On the
+    first two layers: the stop string is a word of the shared plain run's reply (``plain_small``), past its start,
+    so both loops must cut the same reply at the same place; their programs are the ones the plain and speculative
+    runs above compiled."""
+    text = plain_small(small)["text"]
+    stop = next(" " + w for w in text.split()[1:] if text.find(" " + w) > 0)
+    cut = text.find(stop)
+    plain = generate_json(capsys, *small_args(small, "--stop", stop))
+    assert (plain["text"], plain["finish_reason"]) == (text[:cut], "stop")
+    spec = generate_json(capsys, *small_args(small, "--stop", stop), "--speculative", "ngram", "--draft-k", "3")
+    assert (spec["text"], spec["finish_reason"]) == (text[:cut], "stop")
 
 
 def test_mesh_reports_eos_like_the_generator(gguf_path, capsys):
@@ -313,10 +316,18 @@ def plain_small(small, *extra) -> dict:
     return _PLAIN[key]
 
 
-def test_generate_quant_int8_says_paris(quant_env, capsys):
-    code, out, err = run_main(capsys, ["generate", "--quant", "int8", "--max-new-tokens", "16", FRANCE])
-    assert code == 0, err
-    assert "Paris" in out
+def test_generate_quant_int8_decodes_with_the_quantized_weights(quant_env, small, small_model):
+    """``--quant int8`` decodes with ``jaxlab.quant``'s int8 weights: the shared int8 run's tokens on the first two
+    layers are an engine's on ``quant.quantize_params`` of the same model, and not the float model's (on this
+    prompt they part at the sixth token). What int8 does to the whole model's answers:
+    tests/quant/test_quant.py::test_int8_keeps_the_embedded_models_next_token and notebook 09 (top-1 agreement)."""
+    from jaxlab import quant
+    from jaxlab.engine.generate import Generator
+
+    row = plain_small(small, "--quant", "int8")
+    engine = Generator(quant.quantize_params(small_model.params, "int8"), small_model.tokenizer)
+    (want,) = engine.generate([row["prompt_ids"]], 16, ignore_eos=True)
+    assert row["generated_ids"] == want.generated_ids != plain_small(small)["generated_ids"]
 
 
 def test_quant_json_fields(quant_env, small, capsys):
@@ -402,8 +413,9 @@ def test_quant_flags_that_cannot_work(quant_env, capsys, args, code, match):
     assert match in one_clean_line(err)
 
 
-def test_int4_group_size_must_divide_the_model(quant_env, capsys):
-    code, _, err = run_main(capsys, ["generate", "--quant", "int4", "--group-size", "128", "hi"])
+def test_int4_group_size_must_divide_the_model(quant_env, small, capsys):
+    """On the first two layers: the whole model's matrix shapes (576 is not a multiple of 128)."""
+    code, _, err = run_main(capsys, ["generate", "--model", small, "--quant", "int4", "--group-size", "128", "hi"])
     assert code == 1
     assert "not a multiple of the int4 group size 128" in one_clean_line(err)
 

@@ -72,7 +72,7 @@ def block_step(params: Params, layer: int = 0) -> tuple[Callable, nnx.State]:
     def step(state, x, positions):
         block = nnx.merge(graphdef, state)
         cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
-        y, _ = block(x, positions, cos, sin, positions)
+        y, _ = block(x, positions, cos, sin)
         return y
 
     return step, state

@@ -7,8 +7,10 @@
 * The tokenizer: the GGUF fields derived from jaxlab's tokenizer equal the embedded file's own (tokens, types,
   merges, pre-tokenizer, chat template), and both exports read back (``Tokenizer.from_gguf``/``from_hf``) encode
   as the original does.
-* The reference (marked): on the real model, ``transformers`` loads the exported folder and the exported GGUF alone
-  and gives the greedy tokens jaxlab gives on the same files; ``AutoTokenizer`` on the folder encodes as jaxlab.
+* The reference (marked): on the embedded model's first two layers (``small_model``: its real weights, norm, head and
+  tokenizer), ``transformers`` loads the exported folder and the exported GGUF alone and gives the greedy tokens
+  jaxlab gives on the same files; ``AutoTokenizer`` on the folder encodes as jaxlab. Every layer is written by the
+  same loop, so two layers show what thirty would, at a fraction of the compile and load time.
 * Bad requests: each a :class:`ExportError` (or ``ConfigError``) naming the problem and what to do.
 """
 
@@ -269,11 +271,12 @@ def same_model(cfg, other) -> bool:
 
 
 @pytest.fixture(scope="module")
-def exported(smollm, tmp_path_factory):
-    """The embedded model (float32) exported as a Hugging Face folder (float32) and an F16 GGUF beside it."""
+def exported(small_model, tmp_path_factory):
+    """The embedded model's first two layers (float32) exported as a Hugging Face folder (float32) and an F16 GGUF
+    beside it."""
     root = tmp_path_factory.mktemp("export")
-    export_hf(smollm.params, smollm.tokenizer, root / "hf", source=smollm.path)
-    export_gguf(smollm.params, smollm.tokenizer, root / "m.gguf", qtype="F16", source=smollm.path)
+    export_hf(small_model.params, small_model.tokenizer, root / "hf", source=small_model.path)
+    export_gguf(small_model.params, small_model.tokenizer, root / "m.gguf", qtype="F16", source=small_model.path)
     return root
 
 
@@ -288,7 +291,7 @@ def transformers_quietly():
 
 
 @pytest.mark.reference
-def test_transformers_runs_the_exported_folder(exported, smollm, tok, transformers_quietly):
+def test_transformers_runs_the_exported_folder(exported, small_model, tok, transformers_quietly):
     from transformers import AutoTokenizer
 
     from jaxlab.tools.reference import hf_model, reference_greedy
@@ -299,21 +302,21 @@ def test_transformers_runs_the_exported_folder(exported, smollm, tok, transforme
     ids = tok.apply_chat_template(MESSAGES, tokenize=True)
     assert list(auto.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True)["input_ids"]) == ids
     cfg, flat = load_hf(folder)
-    assert same_model(cfg, smollm.config)
-    for name, w in smollm.params.flat().items():  # float32: the very weights
+    assert same_model(cfg, small_model.config)
+    for name, w in small_model.params.flat().items():  # float32: the very weights
         np.testing.assert_array_equal(flat[name], np.asarray(w), err_msg=name)
-    ours = jaxlab_greedy(params_from_flat(smollm.config, flat), ids)
+    ours = jaxlab_greedy(params_from_flat(small_model.config, flat), ids)
     model = hf_model(folder)  # transformers' AutoModelForCausalLM, float32
     assert reference_greedy(model, ids, NEW_TOKENS) == ours
 
 
 @pytest.mark.reference
-def test_transformers_runs_the_exported_gguf(exported, smollm, tok, transformers_quietly):
+def test_transformers_runs_the_exported_gguf(exported, small_model, tok, transformers_quietly):
     from jaxlab.tools.reference import hf_model, reference_greedy
 
     ids = tok.apply_chat_template(MESSAGES, tokenize=True)
     cfg, flat = load_gguf(exported / "m.gguf")
-    assert same_model(cfg, smollm.config)
-    ours = jaxlab_greedy(params_from_flat(smollm.config, flat), ids)
+    assert same_model(cfg, small_model.config)
+    ours = jaxlab_greedy(params_from_flat(small_model.config, flat), ids)
     model = hf_model(exported / "m.gguf")  # transformers' AutoModelForCausalLM on the file, float32
     assert reference_greedy(model, ids, NEW_TOKENS) == ours

@@ -105,21 +105,23 @@ def test_cache_keys():
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "empty"])
-def test_corrupt_cache_file_says_delete_it(cache, capsys, damage):
-    f = quant_file("int8")
+def test_corrupt_cache_file_says_delete_it(cache, small, capsys, damage):
+    """On the embedded model's first two layers (the same file format; each case quantizes again, as the file it
+    damaged is deleted)."""
+    f = quant_file("int8", model=small)
     if not f.exists():
-        loading.load_params(quant="int8")
+        loading.load_params(small, quant="int8")
     data = f.read_bytes()
     f.write_bytes(
         {"garbage": b"not a safetensors file " * 20, "truncated": data[: len(data) // 2], "empty": b""}[damage]
     )
     try:
         with pytest.raises(ModelFileError) as e:
-            loading.load_params(quant="int8")
+            loading.load_params(small, quant="int8")
         msg = str(e.value)
         assert "\n" not in msg and str(f) in msg and "delete it" in msg
         # the command says the same, on one line
-        assert main(["generate", "--quant", "int8", "--max-new-tokens", "2", "hi"]) == 1
+        assert main(["generate", "--model", small, "--quant", "int8", "--max-new-tokens", "2", "hi"]) == 1
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "delete it" in err and "Traceback" not in err
     finally:
@@ -141,15 +143,16 @@ def test_requests_that_cannot_run(kwargs, match):
         loading.load_params("/nonexistent/model.gguf", **kwargs)
 
 
-def test_group_size_must_divide_the_matrices(cache):
+def test_group_size_must_divide_the_matrices(cache, small):
+    """On the embedded model's first two layers: its matrix shapes (576 is not a multiple of 128)."""
     with pytest.raises(ConfigError, match="not a multiple of the int4 group size 128; choose a group size"):
-        loading.load_params(quant="int4", group_size=128)
-    assert not quant_file("int4", 128).exists()
+        loading.load_params(small, quant="int4", group_size=128)
+    assert not quant_file("int4", 128, model=small).exists()
 
 
-def test_progress_bar_when_asked(cache, capsys):
-    quant_file("int8").unlink(missing_ok=True)
-    loading.load_params(quant="int8", progress=True)
+def test_progress_bar_when_asked(cache, small, capsys):
+    quant_file("int8", model=small).unlink(missing_ok=True)
+    loading.load_params(small, quant="int8", progress=True)
     assert "quantizing to int8" in capsys.readouterr().err
 
 
