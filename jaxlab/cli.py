@@ -209,17 +209,13 @@ def _computes_in(params) -> str:
 
 def _load(options):
     """The model ``options`` ask for, with its adapter merged in; progress bars only where someone watches."""
-    import dataclasses
-
     from jaxlab.engine.loading import load_model
-    from jaxlab.engine.model import with_attention
     from jaxlab.tools import compile_cache
 
     compile_cache.enable()
     m = load_model(options, progress=sys.stderr.isatty())
-    if options.adapter:  # merged into the float weights, which then compute with --attention as before
+    if options.adapter:  # merged into the float weights; merging keeps their policy, --attention included
         m = _with_adapter(m, options.adapter)
-        m = dataclasses.replace(m, params=with_attention(m.params, options.attention))
     return m
 
 
