@@ -121,11 +121,16 @@ install_wheels() {
 }
 
 # ---------------------------------------------------------------------------------------------------------------
-stage1() {
-    DEADLINE=$((T0 + 55))
+# begin NAME BUDGET: a stage's deadline, a fresh summary, and everything it prints also in $OUT/NAME.log
+begin() {
+    DEADLINE=$((T0 + $2))
     : >"$SUMMARY"
-    exec > >(tee -a "$OUT/stage1.log") 2>&1
-    log "stage1 in $ROOT"
+    exec > >(tee -a "$OUT/$1.log") 2>&1
+    log "$1 in $ROOT, budget $2s"
+}
+
+stage1() {
+    begin stage1 55
     timeout 20 nvidia-smi
     machine_info | tee -a "$SUMMARY"
     step "versions" "$(cap 20)" bash "$SELF" _versions
@@ -211,11 +216,7 @@ pack() {
 }
 
 stage2() {
-    local budget=${1:-345}
-    DEADLINE=$((T0 + budget))
-    : >"$SUMMARY"
-    exec > >(tee -a "$OUT/stage2.log") 2>&1
-    log "stage2 in $ROOT, budget ${budget}s"
+    begin stage2 "${1:-345}"
     machine_info | tee -a "$SUMMARY"
     if ! "$PY" -c "import sys; sys.path.insert(0, '$SITE'); import nbclient, gguf" 2>/dev/null; then
         note "WARN  $SITE lacks the wheels (stage1's state lost?): installing from .whl if carried"
@@ -270,11 +271,7 @@ stage2() {
 # stage3: only on the same warm machine after stage2: the notebooks stage2 cut (at most half the budget), then the
 # bench sections stage2 left: the decode stages and speculative decoding at batch 1, then the quantized rows
 stage3() {
-    local budget=${1:-240}
-    DEADLINE=$((T0 + budget))
-    : >"$SUMMARY"
-    exec > >(tee -a "$OUT/stage3.log") 2>&1
-    log "stage3, budget ${budget}s"
+    begin stage3 "${1:-240}"
     if [ ! -f "$MODEL" ]; then
         note "STOP  no model in $MODEL (the machine went back): stage3 needs stage2's warm machine"
         return 0
