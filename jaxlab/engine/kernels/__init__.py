@@ -1,8 +1,8 @@
 """Pallas kernels behind the model's attention switch (``Policy(attention="pallas")``, ``--attention pallas``).
 
 * :mod:`~jaxlab.engine.kernels.common` — where a kernel runs (TPU, GPU/Triton, interpret mode), the
-  online-softmax update (both attention kernels and the XLA path over pages use it), and lowering for a chip
-  that is not attached;
+  online-softmax update (both attention kernels and the XLA path over pages use it), and lowering or compiling for a chip
+  that is not attached (``compiling_for``);
 * :mod:`~jaxlab.engine.kernels.rmsnorm` — a first kernel: grid, ``BlockSpec`` and refs on something small;
 * :mod:`~jaxlab.engine.kernels.flash` — flash attention over the contiguous cache (prefill, and decode with it);
 * :mod:`~jaxlab.engine.kernels.paged_attention` — ragged paged attention over the paged cache, each row
@@ -12,9 +12,9 @@ Each kernel equals the model's XLA attention (tests/engine/kernels). On a CPU th
 and slow (each grid point is one step of a loop; nothing is fused across them).
 """
 
-from jaxlab.engine.kernels.common import lower, variant_for
+from jaxlab.engine.kernels.common import compiling_for, lower, variant_for
 from jaxlab.engine.kernels.flash import flash_attention
 from jaxlab.engine.kernels.paged_attention import paged_attention
 from jaxlab.engine.kernels.rmsnorm import rms_norm
 
-__all__ = ["flash_attention", "lower", "paged_attention", "rms_norm", "variant_for"]
+__all__ = ["compiling_for", "flash_attention", "lower", "paged_attention", "rms_norm", "variant_for"]

@@ -19,6 +19,7 @@ and so does the XLA path over pages (:func:`jaxlab.engine.paged.read_pages`).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 
 import jax
 import jax.numpy as jnp
@@ -30,11 +31,27 @@ MIN_DOT = 16  # the smallest matrix dimension Triton's tl.dot takes: GPU blocks 
 TPU_KIND = "TPU v5 lite"
 
 
+#: The platform programs are being built for when it is not this process's backend (:func:`compiling_for`).
+_TARGET: contextvars.ContextVar[str | None] = contextvars.ContextVar("jaxlab_kernel_target", default=None)
+
+
+@contextlib.contextmanager
+def compiling_for(platform: str):
+    """Trace the kernels for ``platform`` ("tpu", "gpu") instead of this process's backend: a program compiled
+    for a TPU that is not attached (:mod:`jaxlab.bench.chip_compile`) must hold the TPU variant, lowered through
+    Mosaic, not the variant this CPU would interpret."""
+    token = _TARGET.set(platform)
+    try:
+        yield
+    finally:
+        _TARGET.reset(token)
+
+
 def variant_for(backend: str | None = None) -> tuple[str, bool]:
-    """(kernel variant, interpret?) for a backend (default: JAX's): a TPU runs the TPU variant compiled, a GPU
-    the GPU (Triton) variant compiled, anything else the GPU variant in interpret mode (fewer grid steps than
-    the TPU variant's page-by-page grid, so it simulates faster)."""
-    backend = (backend or jax.default_backend()).lower()
+    """(kernel variant, interpret?) for a backend (default: the one :func:`compiling_for` names, else JAX's): a
+    TPU runs the TPU variant compiled, a GPU the GPU (Triton) variant compiled, anything else the GPU variant in
+    interpret mode (fewer grid steps than the TPU variant's page-by-page grid, so it simulates faster)."""
+    backend = (backend or _TARGET.get() or jax.default_backend()).lower()
     if backend == "tpu":
         return "tpu", False
     if backend in ("gpu", "cuda", "rocm"):
@@ -46,6 +63,16 @@ def check_variant(variant: str) -> str:
     if variant not in VARIANTS:
         raise ValueError(f"unknown kernel variant {variant!r}; choose one of {', '.join(VARIANTS)}")
     return variant
+
+
+def matmul_precision(dtype, precision=None):
+    """The kernels' matmul precision: ``precision`` (default HIGHEST: float32 matmuls in full float32) for float32
+    inputs; DEFAULT for narrower ones (bfloat16), where HIGHEST asks for float32 passes that Mosaic has no lowering
+    for (it refuses the kernel: "Bad lhs type", measured with ``jaxlab compile --chip v5e-1``) and a bfloat16
+    product summed in float32 is the same at DEFAULT."""
+    if jnp.dtype(dtype) != jnp.float32:
+        return jax.lax.Precision.DEFAULT
+    return jax.lax.Precision.HIGHEST if precision is None else precision
 
 
 def next_pow2(n: int) -> int:

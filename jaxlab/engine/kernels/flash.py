@@ -31,6 +31,7 @@ from jaxlab.engine.kernels.common import (
     check_variant,
     compiler_params,
     finish,
+    matmul_precision,
     next_pow2,
     online_update,
     variant_for,
@@ -112,7 +113,7 @@ def flash_attention(
     variant = check_variant(variant or auto_variant)
     interpret = auto_interpret if interpret is None else interpret
     dtype = dtype or q.dtype
-    precision = jax.lax.Precision.HIGHEST if precision is None else precision
+    precision = matmul_precision(dtype, precision)
     bq, bk = min(block_q, next_pow2(q_len)), min(block_k, next_pow2(s))
     if variant == "gpu":  # Triton's dot needs at least 16 rows and columns
         bq, bk = max(bq, MIN_DOT), max(bk, MIN_DOT)

@@ -33,6 +33,7 @@ from jaxlab.engine.kernels.common import (
     check_variant,
     compiler_params,
     finish,
+    matmul_precision,
     next_pow2,
     online_update,
     variant_for,
@@ -132,7 +133,7 @@ def paged_attention(
     variant = check_variant(variant or auto_variant)
     interpret = auto_interpret if interpret is None else interpret
     dtype = dtype or q.dtype
-    precision = jax.lax.Precision.HIGHEST if precision is None else precision
+    precision = matmul_precision(dtype, precision)
     q_pos = q_pos.astype(jnp.int32)
     counts = page_counts(q_pos, page_size, pages_per_row)
     table = page_table.astype(jnp.int32)
