@@ -113,7 +113,11 @@ def _row(tops, r: int):
     return None if tops is None else (tops[0][r], tops[1][r])
 
 
-def _widths(context: int, page_size: int) -> tuple[int, ...]:
+PAGE_SIZE = 16  # positions per page
+CHUNK = 64  # prompt tokens per prefill call
+
+
+def table_widths(context: int, page_size: int) -> tuple[int, ...]:
     """Page-table widths in positions: one block (:data:`~jaxlab.engine.paged.BLOCK_TOKENS`), doubled up to
     ``context`` (each a whole number of blocks and pages)."""
     first = max(paged.BLOCK_TOKENS, page_size)
@@ -140,8 +144,8 @@ class Engine:
         tokenizer=None,
         *,
         slots: int = 8,
-        page_size: int = 16,
-        chunk: int = 64,
+        page_size: int = PAGE_SIZE,
+        chunk: int = CHUNK,
         context: int | None = None,
         num_pages: int | None = None,
         token_budget: int | None = None,
@@ -156,7 +160,7 @@ class Engine:
         if slots < 1 or page_size < 1 or chunk < 1:
             raise InvalidRequestError("slots, page_size and chunk must be >= 1")
         self.slots, self.page_size, self.chunk = slots, page_size, chunk
-        self.widths = _widths(context, page_size)
+        self.widths = table_widths(context, page_size)
         self.context = context
         num_pages = num_pages or slots * (self.widths[-1] // page_size) + 1
         self.cache_dtype = jnp.dtype(cache_dtype or params.policy.jnp_dtype)

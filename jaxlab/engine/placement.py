@@ -125,11 +125,21 @@ def param_specs(params: Params, rules: Mapping[str, str], mesh: Mesh | None = No
 
 
 def put(x, sharding: NamedSharding):
-    """device_put that also works when the mesh spans processes (every process holds the same x)."""
+    """device_put that also works when the mesh spans processes (every process holds the same x). A shape
+    (``jax.ShapeDtypeStruct``) is placed as a shape: the abstract argument of a program compiled for devices that
+    are not here (``jaxlab compile``)."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
     if sharding.is_fully_addressable:
         return jax.device_put(x, sharding)
     host = np.asarray(x)
     return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
+
+
+def is_abstract(tree) -> bool:
+    """Whether a tree holds shapes (``jax.eval_shape``'s ``ShapeDtypeStruct``) rather than arrays."""
+    leaves = jax.tree.leaves(tree)
+    return bool(leaves) and all(isinstance(a, jax.ShapeDtypeStruct) for a in leaves)
 
 
 def shard_params(params: Params, mesh: Mesh, rules: Mapping[str, str]) -> Params:

@@ -66,6 +66,7 @@ from jaxlab.engine.mesh import (
 from jaxlab.engine.model import Llama, Params, forward
 from jaxlab.engine.placement import (
     cache_specs,
+    is_abstract,
     map_leaves,
     map_params,
     merge_heads,
@@ -154,7 +155,9 @@ class Sharded:
             return
         uses_model = any(v == "model" for v in self.rules.values())
         if uses_model and shape["model"] > 1:
-            params = pad_heads(params, shape["model"])
+            m = shape["model"]
+            # shapes in (a program compiled for chips that are not here): the padded model's shapes out
+            params = jax.eval_shape(lambda p: pad_heads(p, m), params) if is_abstract(params) else pad_heads(params, m)
         self.config = params.config
         self.params = shard_params(params, mesh, self.rules)
         self.param_shardings = map_params(self.params, lambda n, v: map_leaves(lambda a: a.sharding, v))
@@ -405,6 +408,12 @@ class Sharded:
         row = jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=self.sharding(ROW_AXES))
         cache = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, self._cache_sh)
         return self.params, row, row, cache
+
+    @property
+    def decode_fn(self):
+        """The decode step as a jitted (or pmapped) function, not yet compiled: ``decode_fn.lower(*decode_args(...))``
+        compiles it for any devices the mesh holds, attached or not (``jaxlab compile``)."""
+        return self._decode
 
     def decode_program(self, batch: int | None = None, cache_len: int = 256):
         """The compiled decode step for ``batch`` rows and ``cache_len`` slots: the program :meth:`generate`

@@ -43,6 +43,7 @@ _LAZY = {
     "calibration_stats": "calibrate",
     "quantize_model": "calibrate",
     "quantize_params": "calibrate",
+    "quantized_shapes": "calibrate",
     "save": "quant_cache",
     "load": "quant_cache",
 }

@@ -148,6 +148,37 @@ def quantize_params(
     return Params(params.graphdef, nnx.from_flat_state(out))
 
 
+def quantized_shapes(params, fmt: str, group: int = DEFAULT_GROUP, *, embed: str | None = None):
+    """:func:`quantize_params`' result as shapes only, from float parameters that may be shapes themselves
+    (``jax.eval_shape``): what a quantized model of any size holds, with no weights (``jaxlab compile``)."""
+    check_format(fmt, group)
+    embed = embed or embedding_format(fmt)
+    names = set(quantized_names(params))
+    out = []
+    for path, var in nnx.to_flat_state(params.state):
+        name = param_name(path)
+        value = var.get_value()
+        mfmt = embed if name == "embed" else fmt
+        if name in names and mfmt != "float32":
+            o, n_in = value.shape if name == "embed" else value.shape[::-1]
+            if mfmt == "int4" and n_in % group:
+                raise ConfigError(f"{name}: input size {n_in} is not a multiple of the int4 group size {group}")
+            f32 = jnp.float32
+            sds = jax.ShapeDtypeStruct
+            if mfmt == "int4":
+                value = QuantizedMatrix(
+                    sds((o, n_in // 2), jnp.uint8),
+                    sds((o, n_in // group), f32),
+                    sds((o, n_in // group), f32),
+                    mfmt,
+                    group,
+                )
+            else:
+                value = QuantizedMatrix(sds((o, n_in), jnp.int8), sds((o,), f32), None, mfmt)
+        out.append((path, var.replace(value)))
+    return Params(params.graphdef, nnx.from_flat_state(out))
+
+
 def _progress(total: int, desc: str, progress: bool | None):
     from tqdm.auto import tqdm
 
