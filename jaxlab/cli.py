@@ -106,6 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
     from jaxlab.train import command
 
     command.add_arguments(t)
+    from jaxlab.bench import chip_compile
+
+    chip_compile.add_arguments(
+        sub.add_parser("compile", help="compile every program the lab runs for a TPU (or this CPU), with no chip here")
+    )
     from jaxlab.lab import checking
 
     checking.add_arguments(sub.add_parser("check", help="run a saved notebook's exercises through their checks"))
@@ -437,6 +442,12 @@ def cmd_export(args, out=None):
     return 0
 
 
+def cmd_compile(args, out=None):
+    from jaxlab.bench import chip_compile
+
+    return chip_compile.run(args, out or sys.stdout)
+
+
 def cmd_finetune(args, out=None):
     from jaxlab.train import command
 
@@ -567,6 +578,7 @@ COMMANDS = {
     "fetch": cmd_fetch,
     "export": cmd_export,
     "finetune": cmd_finetune,
+    "compile": cmd_compile,
     "check": cmd_check,
     "bench": cmd_bench,
 }

@@ -22,6 +22,7 @@ This module imports only the standard library at import time; jax is imported in
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import re
@@ -40,6 +41,9 @@ __all__ = [
     "child_env",
     "figure_note",
     "jax_pin",
+    "TOPOLOGIES",
+    "Topology",
+    "topology_devices",
 ]
 
 _GCP_TPU = "Google Cloud TPU docs, system architecture page for"
@@ -188,6 +192,89 @@ def describe_peaks(chip: Chip | None, device_kind: str = "cpu") -> str:
         f"{chip.hbm_bandwidth / GB:,.0f} GB/s memory, {chip.hbm_bytes / GB:,.0f} GB{per}; ridge "
         f"{chip.ridge:.0f} FLOP/B; source: {chip.source}"
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# Chips that are not here: TPU topologies libtpu compiles for on a CPU host
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A TPU slice by its usual name ("v5e-8": 8 v5e chips on one host), as libtpu knows it."""
+
+    name: str  # "v5e-1", "v5e-8", ...
+    topology: str  # libtpu's name: "v5e:2x4"
+    host_bounds: tuple[int, int, int]  # chips per host along each axis (one host holds the whole slice here)
+    chip: str  # the CHIPS entry
+
+    @property
+    def n_chips(self) -> int:
+        x, y, z = self.host_bounds
+        return x * y * z
+
+
+#: The slices ``jaxlab compile --chip`` compiles for (each fits one host: no multi-host topology is needed to
+#: compile, and the lab's meshes are one host's): Colab's free TPU (v5e-1), the Trillium chip (v6e-1), v5e
+#: hosts of 4 and 8 chips, and a v4-8 (4 chips of 2 TensorCores each, seen by jax as one device per chip).
+TOPOLOGIES: dict[str, Topology] = {
+    t.name: t
+    for t in (
+        Topology("v5e-1", "v5e:1x1", (1, 1, 1), "TPU v5e"),
+        Topology("v5e-4", "v5e:2x2", (2, 2, 1), "TPU v5e"),
+        Topology("v5e-8", "v5e:2x4", (2, 4, 1), "TPU v5e"),
+        Topology("v6e-1", "v6e:1x1", (1, 1, 1), "TPU v6e"),
+        Topology("v4-8", "v4:2x2x1", (2, 2, 1), "TPU v4"),
+    )
+}
+
+
+@contextlib.contextmanager
+def _stderr_kept_unless_failing():
+    """Hold what native code writes on file descriptor 2 (libtpu warns, on a host with no TPU, that it cannot
+    find the TPU's metadata, which compiling does not need) and write it out only if the block raises."""
+    import sys
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(saved, 2)
+            held.seek(0)
+            sys.stderr.write(held.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def topology_devices(name: str) -> list:
+    """The jax devices of a TPU slice that is not attached (``TOPOLOGIES``), from libtpu's compiler: programs
+    lowered with shardings on them compile for that chip on this CPU host; nothing can run on them. Needs
+    libtpu (``pip install "jax[tpu]"`` at jaxlab's jax pin; ``make test`` installs it)."""
+    import importlib.util
+
+    from jaxlab.errors import ConfigError
+
+    if name not in TOPOLOGIES:
+        raise ConfigError(f"unknown TPU slice {name!r}; choose one of {', '.join(TOPOLOGIES)}")
+    if importlib.util.find_spec("libtpu") is None:
+        raise ConfigError(
+            f'compiling for {name} needs libtpu, the TPU compiler: pip install "jax[tpu]=={jax_pin("0.10.2")}" '
+            "(about 700 MB; it runs on this CPU, no TPU needed)"
+        )
+    from jax.experimental import topologies
+
+    t = TOPOLOGIES[name]
+    with _stderr_kept_unless_failing():  # libtpu's warnings about this host's missing TPU metadata, on fd 2
+        desc = topologies.get_topology_desc(
+            platform="tpu", topology_name=t.topology, chips_per_host_bounds=t.host_bounds, num_slices=1
+        )
+    return list(desc.devices)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,0 +1,154 @@
+"""``jaxlab compile``: the lab's programs compiled by libtpu for TPUs that are not here (no chip attached).
+
+The whole model's decode step, the continuous engine's rows step and every Pallas kernel must compile for v5e-1
+and v6e-1 (a refusal fails with the compiler's message), the kernels must really be in the TPU program (Mosaic
+custom calls, not the interpreted variant this CPU runs), and the tensor-parallel decode for v5e-8 must hold the
+collectives the CPU simulation's program holds (tests run with 8 simulated CPU devices).
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import one_clean_line, run_main
+from jax.experimental import pallas as pl
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxlab.bench import chip_compile as cc
+from jaxlab.io.config import smollm2_135m, tiny
+from jaxlab.tools import hardware
+
+CONTEXT = 256  # one page-table width: the rows step's smallest program
+
+
+def _refusals(report):
+    return "\n".join(f"{p.name}: {p.message}" for p in report.refused)
+
+
+@pytest.mark.parametrize("chip", ["v5e-1", "v6e-1"])
+def test_decode_rows_and_every_kernel_compile_for_the_chip(chip):
+    xla = cc.Settings(smollm2_135m(), batch=8, context=CONTEXT)
+    r = cc.compile_all(xla, chip, only=lambda n: n.startswith(("decode step", "rows decode", "kernel")))
+    names = [p.name for p in r.programs]
+    assert len(names) == 5 and sum(n.startswith("kernel") for n in names) == 3, names
+    assert not r.refused, _refusals(r)
+    decode = r.programs[0]
+    # the compiler's memory figures: the bfloat16 weights and cache are the arguments, the donated cache aliased
+    assert decode.argument_bytes >= r.weights_bytes + r.cache_bytes > 0
+    assert decode.alias_bytes >= r.cache_bytes and decode.code_bytes > 0
+    assert r.fits, r.largest
+    # the prediction is a roofline bound at the chip's published peaks: at least the weights' read time
+    chip_peaks = hardware.CHIPS[hardware.TOPOLOGIES[chip].chip]
+    assert decode.bound == "memory" and decode.predicted_s >= r.weights_bytes / chip_peaks.hbm_bandwidth
+    assert 1.0 <= decode.padding < 1.5 and decode.cost_bytes > decode.moved_bytes
+    # every kernel alone is a Mosaic call; under the pallas policy the decode step holds one per layer
+    for p in r.programs[2:]:
+        assert p.custom_calls.get("tpu_custom_call", 0) >= 1, (p.name, p.custom_calls)
+    pallas = cc.Settings(smollm2_135m(), batch=8, context=CONTEXT, attention="pallas")
+    r = cc.compile_all(pallas, chip, only=lambda n: n.startswith("decode step"))
+    assert not r.refused, _refusals(r)
+    assert r.programs[0].custom_calls.get("tpu_custom_call") == smollm2_135m().n_layers
+
+
+def test_tensor_parallel_decode_for_v5e_8_has_the_cpu_simulations_collectives():
+    s = cc.Settings(smollm2_135m(), batch=8, context=CONTEXT)
+    tpu = cc.compile_all(s, "v5e-8", only=lambda n: "tensor-parallel" in n)
+    cpu = cc.compile_all(s, "cpu", only=lambda n: "tensor-parallel" in n)
+    assert not tpu.refused and not cpu.refused, _refusals(tpu) + _refusals(cpu)
+    (t,), (c,) = tpu.programs, cpu.programs
+    assert len(cc.target("cpu").devices) == 8 and "over 8 devices" in t.name == c.name
+    # two all-reduces per layer: the row-split attention output and MLP down projections' partial sums
+    assert t.collectives == c.collectives == {"all-reduce": 2 * smollm2_135m().n_layers}
+    # each device holds its heads' share of the weights and cache: well under the whole model
+    assert t.argument_bytes < (tpu.weights_bytes + tpu.cache_bytes) / 2
+
+
+def test_a_block_shape_mosaic_refuses_is_reported_with_the_compilers_words():
+    tgt = cc.target("v5e-1")
+    one = NamedSharding(tgt.mesh(1), P())
+
+    def copy(x_ref, o_ref):
+        o_ref[...] = x_ref[...]
+
+    def f(x):
+        spec = pl.BlockSpec((3, 100), lambda i: (i, 0))
+        return pl.pallas_call(copy, grid=(2,), in_specs=[spec], out_specs=spec, out_shape=x)(x)
+
+    r = cc.compile_one("bad block", jax.jit(f), (jax.ShapeDtypeStruct((6, 300), jnp.float32, sharding=one),), None, tgt)
+    assert not r.ok and "divisible by 8 and 128" in r.message and "\n" not in r.message
+
+
+def test_count_ops_reads_synchronous_and_async_collectives():
+    hlo = (
+        "  %a = f32[8]{0} all-reduce(f32[8]{0} %x), replica_groups={}\n"
+        "  %b = (f32[8]{0}, f32[8]{0}) all-reduce-start(f32[8]{0} %y)\n"
+        "  %c = f32[8]{0} all-reduce-done((f32[8]{0}, f32[8]{0}) %b)\n"
+        "  %d = f32[16]{0} all-gather(f32[8]{0} %z), dimensions={0}\n"
+    )
+    assert cc.count_ops(hlo, cc.COLLECTIVES) == {"all-reduce": 2, "all-gather": 1}
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4", "w8a8"])
+def test_quantized_shapes_are_the_quantized_models(fmt):
+    from jaxlab.engine.model import init_params
+    from jaxlab.quant import quantize_params, quantized_shapes
+
+    params = init_params(tiny())
+    want = quantize_params(params, fmt, 4, progress=False)
+    got = quantized_shapes(jax.eval_shape(lambda: params), fmt, 4)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    assert [(a.shape, a.dtype) for a in jax.tree.leaves(got)] == [(a.shape, a.dtype) for a in jax.tree.leaves(want)]
+
+
+def test_the_command_writes_the_report_and_json(tmp_path, capsys):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(
+        json.dumps(
+            dict(
+                architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=512, hidden_size=64,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True,
+            )
+        )
+    )  # fmt: skip
+    out = tmp_path / "r.json"
+    code, text, _ = run_main(
+        capsys,
+        [
+            "compile",
+            "--chip",
+            "v5e-1",
+            "--config",
+            str(cfg),
+            "--context",
+            "256",
+            "--only",
+            "decode step",
+            "--json",
+            str(out),
+        ],
+    )
+    assert code == 0, text
+    assert "compiled for v5e-1" in text and "fits v5e-1" in text and "decode step [8]" in text
+    res = json.loads(out.read_text())
+    (row,) = res["programs"]
+    assert res["fits"] and res["refused"] == 0 and row["ok"] and row["predicted_s"] > 0 and row["argument_bytes"] > 0
+    assert np.isclose(res["hbm_bytes"], hardware.CHIPS["TPU v5e"].hbm_bytes)
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (["--chip", "v5e-1", "--context", "0"], "--context must be at least 1"),
+        (["--chip", "v5e-1", "--context", "999999"], "exceeds the model's"),
+        (["--chip", "v5e-1", "--config", "/nonexistent/config.json"], "cannot read it as JSON"),
+    ],
+)
+def test_bad_flags_get_one_line(capsys, args, match):
+    code, _, err = run_main(capsys, ["compile", *args])
+    assert code != 0 and match in one_clean_line(err)
