@@ -8,7 +8,7 @@ clones jaxlab at the tag of the version the notebook was built with and runs thi
 It uses the standard library only, because it runs before jaxlab or its dependencies are installed.
 The steps, each checked (a failure ends with one sentence: what failed and what to do):
 
-1. **Runtime**: TPU where libtpu or a TPU device is present, GPU where ``nvidia-smi`` lists one, else CPU
+1. **Runtime**: TPU where a TPU device or the TPU VM's variables are present (not libtpu alone: CPU hosts install it to compile for TPUs), GPU where ``nvidia-smi`` lists one, else CPU
    (``JAXLAB_ACCELERATOR=tpu|gpu|cpu`` overrides).
 2. **Packages**: ``jax[tpu]`` / ``jax[cuda12]`` / ``jax``, ``jaxlib`` and ``flax`` at jaxlab's exact pins
    (Colab's own jax and flax are too old for the model code), and jaxlab's other dependencies under
@@ -133,12 +133,10 @@ def detect_runtime(env: dict | None = None) -> str:
         if forced not in JAX_EXTRA:
             raise SetupError(f"JAXLAB_ACCELERATOR={forced!r} is not one of tpu, gpu, cpu: fix or unset it")
         return forced
-    import importlib.util
-
+    # A TPU shows itself by its device files or the VM's TPU variables. libtpu being installed says nothing: `make
+    # test` installs it on CPU hosts, where it compiles for TPUs that are not there (`jaxlab compile`).
     if (
-        importlib.util.find_spec("libtpu") is not None
-        or env.get("TPU_ACCELERATOR_TYPE")
-        or env.get("COLAB_TPU_ADDR")
+        any(env.get(k) for k in ("TPU_ACCELERATOR_TYPE", "TPU_NAME", "COLAB_TPU_ADDR", "TPU_WORKER_ID"))
         or Path("/dev/accel0").exists()
         or Path("/dev/vfio/0").exists()
     ):

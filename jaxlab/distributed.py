@@ -177,9 +177,9 @@ def _worker(args) -> dict:
         try:
             jax.distributed.initialize()  # finds the coordinator, the process count and this id by itself
         except (ValueError, RuntimeError) as e:
-            import importlib.util
+            from jaxlab.tools.hardware import accelerator_hint
 
-            if importlib.util.find_spec("libtpu") is None:  # no TPU runtime: CPU-only jax cannot find a pod
+            if accelerator_hint() != "tpu":  # no TPU here (libtpu may be installed only to compile for one)
                 check_pod("cpu", 1)
             raise DistributedError(f"jax.distributed.initialize() found no pod: {e}") from None
     else:

@@ -85,7 +85,12 @@ def test_detect_runtime_override_and_error():
     assert colab.detect_runtime({"JAXLAB_ACCELERATOR": "cpu"}) == "cpu"
     with pytest.raises(colab.SetupError, match="not one of tpu, gpu, cpu"):
         colab.detect_runtime({"JAXLAB_ACCELERATOR": "cuda"})
-    assert colab.detect_runtime({}) == "cpu"  # this machine: no libtpu, no nvidia-smi
+    # this machine: no TPU device, no nvidia-smi; libtpu is installed (make test: `jaxlab compile`), not a TPU
+    import importlib.util
+
+    assert importlib.util.find_spec("libtpu") is not None, "make test installs libtpu (jax[tpu] at the pin)"
+    assert colab.detect_runtime({}) == "cpu"
+    assert colab.detect_runtime({"TPU_ACCELERATOR_TYPE": "v5litepod-1"}) == "tpu"
 
 
 def test_every_notebook_header_is_made_from_the_publishing_setting(tmp_path):
