@@ -114,6 +114,22 @@ def test_publishing_setting_is_one_line(tmp_path):
         colab.badge("git@github.com:a/b.git", "x.ipynb")
 
 
+def test_check_version_equal_patch_and_minor():
+    assert colab.check_version("0.1.0", "0.1.0") == ""
+    said = colab.check_version("0.1.0", "0.1.3")
+    assert "0.1.0" in said and "0.1.3" in said and "only the patch release differs" in said and "\n" not in said
+    for clone in ("0.2.0", "1.1.0", "0.10.0"):
+        with pytest.raises(colab.SetupError) as e:
+            colab.check_version("0.1.0", clone)
+        assert str(e.value) == (
+            f"this notebook was built with jaxlab 0.1.0 but the clone holds jaxlab {clone}: open the notebooks of "
+            f"jaxlab {clone} (the repository's notebooks/ folder), or publish the tag v0.1.0 (README, 'Publish "
+            "your copy'), delete jaxlab-src and run this cell again"
+        )
+    with pytest.raises(colab.SetupError):  # not a version it can compare: only equal passes
+        colab.check_version("0.1.0", "main")
+
+
 def _setup_script(src: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(ROOT / "jaxlab" / "colab.py"), "install", str(src)],
