@@ -1,9 +1,11 @@
 """Colab set-up: install jaxlab and the jax/flax stack pinned for the runtime, checking every step.
 
 The notebooks' first cell (made by :func:`setup_cell`, from the publishing setting in ``pyproject.toml``)
-clones jaxlab at the tag of the version the notebook was built with and runs this file from the clone::
+clones jaxlab at the tag ``v<version>`` of the version the notebook was built with, or, where the repository
+has no such tag (a repository published as it is has none), at its default branch; then it runs this file
+from the clone, with the notebook's version::
 
-    python jaxlab-src/jaxlab/colab.py install jaxlab-src
+    python jaxlab-src/jaxlab/colab.py install jaxlab-src 0.1.0
 
 It uses the standard library only, because it runs before jaxlab or its dependencies are installed.
 The steps, each checked (a failure ends with one sentence: what failed and what to do):
@@ -91,9 +93,10 @@ def badge(repository: str, notebook: str, branch: str = "main") -> str:
     )
 
 
-SETUP_CELL = """# Colab set-up (does nothing outside Colab): installs jaxlab {version} from {repository} (tag {tag})
-# with jax/flax pinned for this runtime (TPU, GPU or CPU), keeping Colab's numpy and torch; every step
-# is checked and a failure says what to do. Made by scripts/nbbuild.py from pyproject.toml.
+SETUP_CELL = """# Colab set-up (does nothing outside Colab): installs jaxlab {version} from {repository}
+# (its tag {tag}, or its default branch where that tag is not published) with jax/flax pinned for this
+# runtime (TPU, GPU or CPU), keeping Colab's numpy and torch; every step is checked and a failure says
+# what to do. Made by scripts/nbbuild.py from pyproject.toml.
 import sys
 if "google.colab" in sys.modules:
     import os, subprocess
@@ -101,10 +104,16 @@ if "google.colab" in sys.modules:
     if "jax" in sys.modules and sys.modules["jax"].__version__ != "{jax}":
         raise RuntimeError("Colab's jax was imported before this cell: restart the session (Runtime > Restart session) and run this cell first") from None
     if not os.path.isdir(SRC):
-        r = subprocess.run(["git", "clone", "-q", "--depth", "1", "--branch", TAG, REPO, SRC], capture_output=True, text=True)
+        # Ask for the tag before cloning: a failed clone of the tag could mean no tag or no network, and only
+        # the first should fall back to the default branch (colab.py then checks the clone's version).
+        r = subprocess.run(["git", "ls-remote", "--tags", REPO, "refs/tags/" + TAG], capture_output=True, text=True)
         if r.returncode:
-            raise RuntimeError(f"could not clone {{REPO}} at tag {{TAG}} ({{r.stderr.strip()[-200:]}}): check the network, or that the tag exists (README, 'Publish your copy')") from None
-    p = subprocess.Popen([sys.executable, "-u", os.path.join(SRC, "jaxlab", "colab.py"), "install", SRC],
+            raise RuntimeError(f"could not reach {{REPO}} ({{' '.join(r.stderr.split())[-200:]}}): check the network, and that the repository is public") from None
+        tag = ["--branch", TAG] if r.stdout.strip() else []  # no such tag: the default branch
+        r = subprocess.run(["git", "clone", "-q", "--depth", "1", *tag, REPO, SRC], capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"could not clone {{REPO}} ({{' '.join(r.stderr.split())[-200:]}}): check the network and run this cell again") from None
+    p = subprocess.Popen([sys.executable, "-u", os.path.join(SRC, "jaxlab", "colab.py"), "install", SRC, "{version}"],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = [print(line, end="") or line for line in p.stdout]
     if p.wait():
