@@ -1,13 +1,18 @@
 """Colab set-up: install jaxlab and the jax/flax stack pinned for the runtime, checking every step.
 
 The notebooks' first cell (made by :func:`setup_cell`, from the publishing setting in ``pyproject.toml``)
-clones jaxlab at the tag of the version the notebook was built with and runs this file from the clone::
+clones jaxlab at the tag ``v<version>`` of the version the notebook was built with, or, where the repository
+has no such tag (a repository published as it is has none), at its default branch; then it runs this file
+from the clone, with the notebook's version::
 
-    python jaxlab-src/jaxlab/colab.py install jaxlab-src
+    python jaxlab-src/jaxlab/colab.py install jaxlab-src 0.1.0
 
 It uses the standard library only, because it runs before jaxlab or its dependencies are installed.
 The steps, each checked (a failure ends with one sentence: what failed and what to do):
 
+0. **Source**: prints what the clone holds (tag or branch, and commit) and compares its version with the
+   notebook's (:func:`check_version`): equal goes on; only the patch release differing goes on with a
+   sentence saying so; another major or minor version stops (the notebook may call what it lacks).
 1. **Runtime**: TPU where a TPU device or the TPU VM's variables are present (not libtpu alone: CPU hosts install it to compile for TPUs), GPU where ``nvidia-smi`` lists one, else CPU
    (``JAXLAB_ACCELERATOR=tpu|gpu|cpu`` overrides).
 2. **Packages**: ``jax[tpu]`` / ``jax[cuda12]`` / ``jax``, ``jaxlib`` and ``flax`` at jaxlab's exact pins
@@ -88,9 +93,10 @@ def badge(repository: str, notebook: str, branch: str = "main") -> str:
     )
 
 
-SETUP_CELL = """# Colab set-up (does nothing outside Colab): installs jaxlab {version} from {repository} (tag {tag})
-# with jax/flax pinned for this runtime (TPU, GPU or CPU), keeping Colab's numpy and torch; every step
-# is checked and a failure says what to do. Made by scripts/nbbuild.py from pyproject.toml.
+SETUP_CELL = """# Colab set-up (does nothing outside Colab): installs jaxlab {version} from {repository}
+# (its tag {tag}, or its default branch where that tag is not published) with jax/flax pinned for this
+# runtime (TPU, GPU or CPU), keeping Colab's numpy and torch; every step is checked and a failure says
+# what to do. Made by scripts/nbbuild.py from pyproject.toml.
 import sys
 if "google.colab" in sys.modules:
     import os, subprocess
@@ -98,10 +104,16 @@ if "google.colab" in sys.modules:
     if "jax" in sys.modules and sys.modules["jax"].__version__ != "{jax}":
         raise RuntimeError("Colab's jax was imported before this cell: restart the session (Runtime > Restart session) and run this cell first") from None
     if not os.path.isdir(SRC):
-        r = subprocess.run(["git", "clone", "-q", "--depth", "1", "--branch", TAG, REPO, SRC], capture_output=True, text=True)
+        # Ask for the tag before cloning: a failed clone of the tag could mean no tag or no network, and only
+        # the first should fall back to the default branch (colab.py then checks the clone's version).
+        r = subprocess.run(["git", "ls-remote", "--tags", REPO, "refs/tags/" + TAG], capture_output=True, text=True)
         if r.returncode:
-            raise RuntimeError(f"could not clone {{REPO}} at tag {{TAG}} ({{r.stderr.strip()[-200:]}}): check the network, or that the tag exists (README, 'Publish your copy')") from None
-    p = subprocess.Popen([sys.executable, "-u", os.path.join(SRC, "jaxlab", "colab.py"), "install", SRC],
+            raise RuntimeError(f"could not reach {{REPO}} ({{' '.join(r.stderr.split())[-200:]}}): check the network, and that the repository is public") from None
+        tag = ["--branch", TAG] if r.stdout.strip() else []  # no such tag: the default branch
+        r = subprocess.run(["git", "clone", "-q", "--depth", "1", *tag, REPO, SRC], capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"could not clone {{REPO}} ({{' '.join(r.stderr.split())[-200:]}}): check the network and run this cell again") from None
+    p = subprocess.Popen([sys.executable, "-u", os.path.join(SRC, "jaxlab", "colab.py"), "install", SRC, "{version}"],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = [print(line, end="") or line for line in p.stdout]
     if p.wait():
@@ -187,10 +199,52 @@ def _run(what: str, cmd: list[str], fix: str) -> str:
     return r.stdout
 
 
-def install(src: str | os.PathLike) -> dict:
-    """Steps 1-5 from the clone at ``src``; -> what was installed (also printed)."""
+def clone_description(src: str | os.PathLike) -> str:
+    """``"tag v0.1.0, commit 1a2b3c4"`` or ``"branch main, commit 1a2b3c4"``: what the clone at ``src`` holds
+    ("" where ``src`` is not a git clone)."""
+    src = Path(src)
+    if not (src / ".git").exists():  # not its own clone: git would describe a repository around it
+        return ""
+
+    def git(*args: str) -> str:
+        r = subprocess.run(["git", "-C", str(src), *args], capture_output=True, text=True)
+        return r.stdout.strip() if r.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short", "HEAD")
+    branch = git("symbolic-ref", "--quiet", "--short", "HEAD")  # a clone of a tag has HEAD detached
+    tag = "" if branch else git("describe", "--tags", "--exact-match", "HEAD")
+    where = f"branch {branch}" if branch else f"tag {tag}" if tag else "a detached commit"
+    return f"{where}, commit {commit}" if commit else ""
+
+
+def check_version(notebook: str, clone: str) -> str:
+    """Whether the clone's jaxlab ``clone`` can serve a notebook built with ``notebook``: "" when the versions
+    are equal, a sentence to print when only the patch release differs, :class:`SetupError` otherwise (the
+    notebook may call what that jaxlab lacks or has changed)."""
+    if clone == notebook:
+        return ""
+    a, b = (re.match(r"(\d+)\.(\d+)", v) for v in (notebook, clone))
+    if a and b and a.groups() == b.groups():
+        return (
+            f"this notebook was built with jaxlab {notebook} and the clone holds {clone}: only the patch "
+            "release differs (fixes, the same interfaces), so the set-up goes on"
+        )
+    raise SetupError(
+        f"this notebook was built with jaxlab {notebook} but the clone holds jaxlab {clone}: open the "
+        f"notebooks of jaxlab {clone} (the repository's notebooks/ folder), or publish the tag v{notebook} "
+        "(README, 'Publish your copy'), delete jaxlab-src and run this cell again"
+    )
+
+
+def install(src: str | os.PathLike, notebook: str | None = None) -> dict:
+    """Steps 1-5 from the clone at ``src``, after checking that its version serves a notebook built with
+    jaxlab ``notebook`` (the set-up cell passes it; None: no check); -> what was installed (also printed)."""
     src = Path(src).resolve()
     settings = project_settings(src)
+    source = clone_description(src)
+    print(f"jaxlab source: {src} ({source})" if source else f"jaxlab source: {src}", flush=True)
+    if notebook is not None and (said := check_version(notebook, settings["version"])):
+        print(said, flush=True)
     runtime = detect_runtime()
     want = pins(settings["dependencies"])
     print(f"runtime: {runtime}; installing jaxlab {settings['version']} with jax {want['jax']} and flax {want['flax']}")
@@ -251,11 +305,11 @@ def install(src: str | os.PathLike) -> dict:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2 or argv[0] != "install":
-        print("usage: python jaxlab/colab.py install SRC", file=sys.stderr)
+    if len(argv) not in (2, 3) or argv[0] != "install":
+        print("usage: python jaxlab/colab.py install SRC [NOTEBOOK_VERSION]", file=sys.stderr)
         return 2
     try:
-        install(argv[1])
+        install(*argv[1:])
     except SetupError as e:
         print(f"Colab set-up failed: {e}", flush=True)
         return 1

@@ -8,7 +8,8 @@ git repository of this working tree tagged ``v<version>`` that the set-up cell's
 to (``url.<bare>.insteadOf`` through ``GIT_CONFIG_GLOBAL``). Then nbval executes notebook 00 in that
 venv's kernel, strictly, set-up cell first: the cell must upgrade jax and flax (Colab's are too old for
 the model: the notebook fails without it), keep Colab's numpy, and install a jaxlab whose wheel carries
-the data files (nothing points JAXLAB_DATA at a clone).
+the data files (nothing points JAXLAB_DATA at a clone). Then, in the same venv, the cell's clone-and-version
+step runs again with the tag deleted: a repository published as it is, whose default branch the cell installs.
 """
 
 from __future__ import annotations
@@ -117,6 +118,112 @@ def test_publishing_setting_is_one_line(tmp_path):
     assert "https://github.com/a-workshop/jaxlab-fork" in cells[1].source and "jaxlab/jaxlab" not in cells[1].source
     with pytest.raises(ValueError, match="OWNER/NAME"):
         colab.badge("git@github.com:a/b.git", "x.ipynb")
+
+
+def test_check_version_equal_patch_and_minor():
+    assert colab.check_version("0.1.0", "0.1.0") == ""
+    said = colab.check_version("0.1.0", "0.1.3")
+    assert "0.1.0" in said and "0.1.3" in said and "only the patch release differs" in said and "\n" not in said
+    for clone in ("0.2.0", "1.1.0", "0.10.0"):
+        with pytest.raises(colab.SetupError) as e:
+            colab.check_version("0.1.0", clone)
+        assert str(e.value) == (
+            f"this notebook was built with jaxlab 0.1.0 but the clone holds jaxlab {clone}: open the notebooks of "
+            f"jaxlab {clone} (the repository's notebooks/ folder), or publish the tag v0.1.0 (README, 'Publish "
+            "your copy'), delete jaxlab-src and run this cell again"
+        )
+    with pytest.raises(colab.SetupError):  # not a version it can compare: only equal passes
+        colab.check_version("0.1.0", "main")
+
+
+def _git(*args: str, cwd: Path | None = None) -> str:
+    """git with no user or system configuration (the tests' repositories look the same everywhere)."""
+    env = dict(os.environ, GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1")
+    ident = ["-c", "user.name=colab-test", "-c", "user.email=colab-test@localhost", "-c", "init.defaultBranch=trunk"]
+    return _run(["git", *ident, *args], cwd=cwd, env=env).strip()
+
+
+def _run_setup_cell(cell: str, python: str, content: Path, gitconfig: Path, env: dict | None = None):
+    """The set-up cell run as on Colab (a stand-in ``google.colab`` imported first) in ``content``, with the
+    cell's GitHub URL redirected by ``gitconfig``. ``JAXLAB_ACCELERATOR=none`` ends colab.py at its first step
+    after the source check (detecting the runtime), before pip: what is checked is the clone and its version.
+    -> (what the cell printed, the last line of its error)."""
+    content.mkdir(parents=True, exist_ok=True)
+    env = dict(env or os.environ, GIT_CONFIG_GLOBAL=str(gitconfig), GIT_CONFIG_NOSYSTEM="1", JAXLAB_ACCELERATOR="none")
+    env["PYTHONPATH"] = str(_fake_colab(content.parent / f"{content.name}-fake"))
+    proc = subprocess.run(
+        [python, "-c", "import google.colab\n" + cell], cwd=content, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 1 and "During handling" not in proc.stderr, proc.stderr[-2000:]
+    return proc.stdout, proc.stderr.strip().splitlines()[-1]
+
+
+def _installed_from(out: str) -> tuple[str, str]:
+    """("tag v0.1.0" or "branch main", the commit abbreviated) from colab.py's ``jaxlab source:`` line."""
+    (m,) = re.findall(r"^jaxlab source: .* \((tag \S+|branch \S+), commit ([0-9a-f]{7,})\)$", out, re.M)
+    return m
+
+
+STOPPED = "RuntimeError: Colab set-up failed: JAXLAB_ACCELERATOR='none' is not one of tpu, gpu, cpu: fix or unset it"
+
+
+def test_setup_cell_clones_the_tag_or_else_the_default_branch(tmp_path):
+    """The set-up cell against a published repository: with the notebook's tag it installs the tag, even when
+    the default branch is ahead; without it, the default branch, whose version colab.py then checks."""
+    version = SETTINGS["version"]
+    major, minor, *_ = version.split(".")
+    work, bare = tmp_path / "work", tmp_path / "jaxlab.git"
+    (work / "jaxlab").mkdir(parents=True)
+    shutil.copy(ROOT / "jaxlab" / "colab.py", work / "jaxlab")
+    pyproject = (ROOT / "pyproject.toml").read_text()
+
+    def release(v: str) -> str:
+        (work / "pyproject.toml").write_text(re.sub(r'(?m)^version = ".*"$', f'version = "{v}"', pyproject, count=1))
+        _git("add", "-A", cwd=work)
+        _git("commit", "-q", "-m", f"jaxlab {v}", cwd=work)
+        return _git("rev-parse", "HEAD", cwd=work)
+
+    _git("init", "-q", str(work))
+    tagged = release(version)
+    _git("tag", f"v{version}", cwd=work)
+    ahead = release(f"{major}.{int(minor) + 1}.0")  # the default branch moved on to the next minor version
+    _git("clone", "-q", "--bare", str(work), str(bare))
+    gitconfig = tmp_path / "gitconfig"
+    gitconfig.write_text(f'[url "file://{bare}"]\n\tinsteadOf = {SETTINGS["repository"]}\n')
+    cell = colab.setup_cell(SETTINGS)
+
+    out, last = _run_setup_cell(cell, sys.executable, tmp_path / "c1", gitconfig)
+    where, commit = _installed_from(out)
+    assert where == f"tag v{version}" and tagged.startswith(commit) and "patch" not in out
+    assert last == STOPPED  # the version check passed
+
+    _git("--git-dir", str(bare), "tag", "-d", f"v{version}")  # published as it is: no tags
+    out, last = _run_setup_cell(cell, sys.executable, tmp_path / "c2", gitconfig)
+    where, commit = _installed_from(out)
+    assert where == "branch trunk" and ahead.startswith(commit)
+    assert last == (
+        f"RuntimeError: Colab set-up failed: this notebook was built with jaxlab {version} but the clone holds "
+        f"jaxlab {major}.{int(minor) + 1}.0: open the notebooks of jaxlab {major}.{int(minor) + 1}.0 (the "
+        f"repository's notebooks/ folder), or publish the tag v{version} (README, 'Publish your copy'), delete "
+        "jaxlab-src and run this cell again"
+    )
+
+    patched = f"{major}.{minor}.{int(version.split('.')[2]) + 7}"
+    fixed = release(patched)
+    _git("push", "-q", str(bare), "HEAD:trunk", cwd=work)
+    out, last = _run_setup_cell(cell, sys.executable, tmp_path / "c3", gitconfig)
+    where, commit = _installed_from(out)
+    assert where == "branch trunk" and fixed.startswith(commit) and last == STOPPED
+    assert colab.check_version(version, patched) in out.splitlines()
+
+    gitconfig.write_text(f'[url "file://{tmp_path / "nowhere.git"}"]\n\tinsteadOf = {SETTINGS["repository"]}\n')
+    out, last = _run_setup_cell(cell, sys.executable, tmp_path / "c4", gitconfig)
+    assert re.fullmatch(  # git's reason, on the one line of the error
+        rf"RuntimeError: could not reach {SETTINGS['repository']} \(.*does not appear to be a git repository.*\): "
+        "check the network, and that the repository is public",
+        last,
+    )
+    assert not (tmp_path / "c4" / "jaxlab-src").exists()
 
 
 def _setup_script(src: Path) -> subprocess.CompletedProcess:
@@ -358,6 +465,16 @@ def test_colab_simulation(tmp_path):
     serve_pkgs = ("starlette", "uvicorn", "prometheus-client", "openai")
     assert {k: served[k] for k in serve_pkgs} == {k: theirs[k] for k in serve_pkgs}, "Colab's versions must stay"
     assert served["status"] == 200 and served["completion_tokens"] == 4 and served["text"]
+
+    # The same repository published as it is, without tags: the notebook's cell installs the default branch.
+    # Only its clone-and-version step runs again (the packages above are installed): _run_setup_cell ends
+    # colab.py right after that step.
+    _git("--git-dir", str(bare), "tag", "-d", f"v{SETTINGS['version']}")
+    cell = nbformat.read(content / "00_setup.ipynb", as_version=4).cells[1].source
+    out, last = _run_setup_cell(cell, py, sim / "untagged", sim / "gitconfig", env)
+    where, commit = _installed_from(out)
+    assert where == f"branch {_git('--git-dir', str(bare), 'symbolic-ref', '--short', 'HEAD')}"
+    assert _git("--git-dir", str(bare), "rev-parse", "HEAD").startswith(commit) and last == STOPPED
 
 
 # A server on a thread (as notebook 12 starts it) over a 2-slot engine, called with the openai client.
