@@ -12,8 +12,9 @@ import json
 import os
 import sys
 import time
+import warnings
 
-from jaxlab.errors import InvalidRequestError, JaxlabError
+from jaxlab.errors import FallbackWarning, InvalidRequestError, JaxlabError
 from jaxlab.quant import DEFAULT_GROUP, FORMATS, KV_FORMATS
 
 CHAT_CONTEXT = 2048  # positions a chat holds (history and reply); /reset starts over
@@ -584,9 +585,18 @@ COMMANDS = {
 }
 
 
+def show_warning(message, category, filename, lineno, file=None, line=None, _plain=warnings.showwarning):
+    """A :class:`~jaxlab.errors.FallbackWarning` is one line for the user; any other warning as Python shows it."""
+    if issubclass(category, FallbackWarning):
+        sys.stderr.write(f"jaxlab: note: {message}\n")
+    else:
+        _plain(message, category, filename, lineno, file, line)
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    warnings.showwarning = show_warning
     try:
         return COMMANDS[args.command](args)
     except JaxlabError as e:

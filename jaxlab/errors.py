@@ -8,6 +8,11 @@ do. The CLI prints ``str(error)`` on one line and exits non-zero; nothing deep i
 from __future__ import annotations
 
 
+class FallbackWarning(UserWarning):
+    """Something asked for cannot run on this machine, and a slower path that gives the same result runs instead
+    (one sentence: what, why, what runs). The CLI prints it as ``jaxlab: note: ...``."""
+
+
 class JaxlabError(Exception):
     """Base class: a problem the user can fix, with a message that says how."""
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -36,9 +37,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxlab.engine.kernels.common import compute_capability, gpu_too_old
 from jaxlab.engine.kvcache import KVCache, KVLayer
 from jaxlab.engine.paged import PagedKVCache
-from jaxlab.errors import ConfigError
+from jaxlab.errors import ConfigError, FallbackWarning
 from jaxlab.io.config import DTYPES, LlamaConfig
 from jaxlab.quant.formats import QuantizedMatrix, params_format
 
@@ -108,17 +110,6 @@ class Policy:
 BF16_MIN_COMPUTE_CAPABILITY = (8, 0)  # Ampere (A100, sm 80) and later have bfloat16 tensor cores
 
 
-def _compute_capability(device) -> tuple[int, int] | None:
-    """(major, minor) of a CUDA device, from ``device.compute_capability`` ("8.0"); None when the device
-    has no such attribute (ROCm, a CPU, an older jaxlib) or it does not parse."""
-    raw = getattr(device, "compute_capability", None)
-    try:
-        major, minor = (str(raw).split(".") + ["0"])[:2]
-        return int(major), int(minor)
-    except (TypeError, ValueError):
-        return None
-
-
 def backend_numerics(backend: str | None = None, device: Any = None) -> dict:
     """The default numerics of a backend, and why: {"backend", "dtype", "precision", "reason"}.
 
@@ -139,7 +130,7 @@ def backend_numerics(backend: str | None = None, device: Any = None) -> dict:
         if device is None:
             devices = jax.devices() if jax.default_backend() == "gpu" else []
             device = devices[0] if devices else None
-        cc = _compute_capability(device)
+        cc = compute_capability(device)
         if cc is not None and cc >= BF16_MIN_COMPUTE_CAPABILITY:
             dtype, reason = "bfloat16", f"GPU sm {cc[0]}{cc[1]}: bfloat16 tensor cores (float32 accumulation)"
         elif cc is not None:
@@ -559,28 +550,18 @@ def cast_params(params: Params, policy: Policy) -> Params:
 
 def with_attention(params: Params, attention: str, device: Any = None) -> Params:
     """The same weights computing attention with ``attention`` ("xla" or "pallas"; see :data:`ATTENTIONS`).
-    "pallas" on a GPU needs the Triton path's compute capability (:func:`check_pallas_device`)."""
+    "pallas" on a GPU older than the Triton path's compute capability 8.0 (Colab's T4) keeps XLA's attention,
+    the same tokens, with one sentence (a :class:`~jaxlab.errors.FallbackWarning`) instead of failing."""
     if attention == "pallas":
-        check_pallas_device(device)
+        why = gpu_too_old(device if device is not None else jax.devices()[0])
+        if why is not None:
+            warnings.warn(
+                f"--attention pallas: {why}; attention runs through XLA instead", FallbackWarning, stacklevel=2
+            )
+            attention = "xla"
     if attention == params.policy.attention:
         return params
     return params_from_flat(params.config, params.flat(), dataclasses.replace(params.policy, attention=attention))
-
-
-PALLAS_MIN_COMPUTE_CAPABILITY = (8, 0)  # the kernels' GPU variant is Triton, which Pallas supports from sm 80
-
-
-def check_pallas_device(device: Any = None) -> None:
-    """A clear error where the Pallas kernels have no path: a GPU older than sm 80 (or of unknown capability).
-    A TPU compiles them, any other backend (a CPU) interprets them."""
-    device = device if device is not None else jax.devices()[0]
-    if getattr(device, "platform", "") in ("gpu", "cuda", "rocm"):
-        cc = _compute_capability(device)
-        if cc is None or cc < PALLAS_MIN_COMPUTE_CAPABILITY:
-            raise ConfigError(
-                f"--attention pallas runs Triton kernels, which Pallas supports from compute capability 8.0; this GPU "
-                f"reports {getattr(device, 'compute_capability', 'none')}: use --attention xla"
-            )
 
 
 def replace_config(params: Params, **changes) -> Params:

@@ -124,17 +124,37 @@ def test_remat_changes_neither_the_logits_nor_the_gradient(params, batch):
         forward(params, tokens, positions, init_cache(params.config, 3, 16), remat=True)
 
 
-def test_a_gpu_without_the_triton_path_gets_a_clear_error():
+def test_a_gpu_without_the_triton_path_falls_back_with_one_sentence(monkeypatch):
     from types import SimpleNamespace
 
-    from jaxlab.engine.model import check_pallas_device
-    from jaxlab.errors import ConfigError
+    from jaxlab.engine.kernels import common
+    from jaxlab.engine.model import init_params, with_attention
+    from jaxlab.errors import FallbackWarning
+    from jaxlab.io.config import tiny
 
-    check_pallas_device(SimpleNamespace(platform="gpu", compute_capability="9.0"))  # an H100/H200: fine
-    check_pallas_device(SimpleNamespace(platform="tpu"))
-    for cc in ("7.5", None):  # a T4; a GPU that does not say
-        with pytest.raises(ConfigError, match="use --attention xla"):
-            check_pallas_device(SimpleNamespace(platform="gpu", compute_capability=cc))
+    h200, t4, unknown = (SimpleNamespace(platform="gpu", compute_capability=cc) for cc in ("9.0", "7.5", None))
+    assert common.gpu_too_old(h200) is None and common.gpu_too_old(SimpleNamespace(platform="tpu")) is None
+    assert "reports 7.5" in common.gpu_too_old(t4) and "no compute capability" in common.gpu_too_old(unknown)
+    params = init_params(tiny())
+    assert with_attention(params, "pallas", h200).policy.attention == "pallas"
+    for device in (t4, unknown):  # the model keeps XLA's attention (the same tokens), said in one sentence
+        with pytest.warns(FallbackWarning, match="attention runs through XLA instead"):
+            assert with_attention(params, "pallas", device) is params
+    # a kernel called on a T4 runs interpreted, not as a Triton error
+    monkeypatch.setattr(common.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(common.jax, "devices", lambda *a: [t4])
+    with pytest.warns(FallbackWarning, match="interpret mode"):
+        assert common.variant_for() == ("gpu", True)
+    monkeypatch.setattr(common.jax, "devices", lambda *a: [h200])
+    assert common.variant_for() == ("gpu", False)
+
+
+def test_the_cli_prints_a_fallback_as_one_note(capsys):
+    from jaxlab import cli
+    from jaxlab.errors import FallbackWarning
+
+    cli.show_warning(FallbackWarning("--attention pallas: this GPU reports 7.5"), FallbackWarning, "f.py", 1)
+    assert capsys.readouterr().err == "jaxlab: note: --attention pallas: this GPU reports 7.5\n"
 
 
 @pytest.mark.parametrize("tied", [True, False])

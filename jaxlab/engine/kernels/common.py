@@ -31,6 +31,35 @@ MIN_DOT = 16  # the smallest matrix dimension Triton's tl.dot takes: GPU blocks 
 TPU_KIND = "TPU v5 lite"
 
 
+#: Pallas lowers the kernels' GPU variant through Triton (``compiler_params``: Triton's parameters; jax 0.10's
+#: default GPU lowering, Mosaic GPU, is for Hopper and later), which needs compute capability 8.0 (Ampere, A100)
+#: or later; Colab's T4 is 7.5.
+PALLAS_MIN_COMPUTE_CAPABILITY = (8, 0)
+
+
+def compute_capability(device) -> tuple[int, int] | None:
+    """(major, minor) of a CUDA device, from ``device.compute_capability`` ("8.0"); None when the device
+    has no such attribute (ROCm, a CPU, an older jaxlib) or it does not parse."""
+    raw = getattr(device, "compute_capability", None)
+    try:
+        major, minor = (str(raw).split(".") + ["0"])[:2]
+        return int(major), int(minor)
+    except (TypeError, ValueError):
+        return None
+
+
+def gpu_too_old(device) -> str | None:
+    """Why the kernels cannot compile on ``device`` (a GPU below :data:`PALLAS_MIN_COMPUTE_CAPABILITY`, or one
+    that does not say), or None: a TPU, a CPU, or a recent GPU."""
+    if getattr(device, "platform", "") not in ("gpu", "cuda", "rocm"):
+        return None
+    cc = compute_capability(device)
+    if cc is not None and cc >= PALLAS_MIN_COMPUTE_CAPABILITY:
+        return None
+    said = getattr(device, "compute_capability", None) or "no compute capability"
+    return f"this GPU reports {said}, and Pallas's Triton kernels need compute capability 8.0 (A100 or later)"
+
+
 #: The platform programs are being built for when it is not this process's backend (:func:`compiling_for`).
 _TARGET: contextvars.ContextVar[str | None] = contextvars.ContextVar("jaxlab_kernel_target", default=None)
 
@@ -51,10 +80,19 @@ def variant_for(backend: str | None = None) -> tuple[str, bool]:
     """(kernel variant, interpret?) for a backend (default: the one :func:`compiling_for` names, else JAX's): a
     TPU runs the TPU variant compiled, a GPU the GPU (Triton) variant compiled, anything else the GPU variant in
     interpret mode (fewer grid steps than the TPU variant's page-by-page grid, so it simulates faster)."""
-    backend = (backend or _TARGET.get() or jax.default_backend()).lower()
+    target = backend or _TARGET.get()
+    backend = (target or jax.default_backend()).lower()
     if backend == "tpu":
         return "tpu", False
     if backend in ("gpu", "cuda", "rocm"):
+        why = None if target else gpu_too_old(jax.devices()[0])
+        if why is not None:  # a T4: the same kernel, interpreted (correct, slow) instead of a Triton error
+            import warnings
+
+            from jaxlab.errors import FallbackWarning
+
+            warnings.warn(f"{why}: the kernels run in interpret mode (correct, slow)", FallbackWarning, stacklevel=3)
+            return "gpu", True
         return "gpu", False
     return "gpu", True
 
