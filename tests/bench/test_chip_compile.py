@@ -152,3 +152,11 @@ def test_the_command_writes_the_report_and_json(tmp_path, capsys):
 def test_bad_flags_get_one_line(capsys, args, match):
     code, _, err = run_main(capsys, ["compile", *args])
     assert code != 0 and match in one_clean_line(err)
+
+
+@pytest.mark.parametrize("name, billions", [("smollm2-1.7b", 1.71), ("llama-3-8b", 8.03)])
+def test_the_shipped_public_configs_are_the_models_they_name(name, billions):
+    from jaxlab.io.assets import data_file
+
+    cfg = cc.model_config(None, str(data_file("configs", f"{name}.json")))
+    assert round(cfg.n_params() / 1e9, 2) == billions and cfg.name.split("/")[0] in ("HuggingFaceTB", "meta-llama")
