@@ -32,7 +32,7 @@ import json
 import re
 import time
 from collections import Counter
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -74,6 +74,9 @@ class Compiled:
     custom_calls: dict = dataclasses.field(default_factory=dict)  # target -> count (tpu_custom_call: a kernel)
     predicted_s: float | None = None
     bound: str = ""  # "memory" or "compute": which limit the prediction hit
+    measured_s: float | None = None  # on this CPU (--measure): the best of a few timed calls
+    executable: Any = dataclasses.field(default=None, repr=False, compare=False)  # not in the JSON
+    args: tuple = dataclasses.field(default=(), repr=False, compare=False)  # the abstract arguments
 
     @property
     def device_bytes(self) -> int:
@@ -193,6 +196,8 @@ def compile_one(name: str, fn, args: tuple, static: dict | None, tgt: Target) ->
         cost_bytes=float(cost.get("bytes accessed", 0.0)),
         collectives=count_ops(hlo, COLLECTIVES),
         custom_calls=custom_call_targets(hlo),
+        executable=exe,
+        args=args,
     )
     peaks = tgt.device_peaks
     if peaks is not None:
@@ -364,6 +369,7 @@ class Report:
     cache_bytes: int
     hbm_bytes: float | None  # the chip's, per device; None on a CPU
     seconds: float
+    roofline: Any = None  # this CPU's measured ceilings, after measure()
 
     @property
     def refused(self) -> list[Compiled]:
@@ -385,7 +391,7 @@ class Report:
         s["config"] = self.settings.config.name
         rows = []
         for p in self.programs:
-            row = dataclasses.asdict(p)
+            row = {f.name: getattr(p, f.name) for f in dataclasses.fields(p) if f.name not in ("executable", "args")}
             row["device_bytes"], row["moved_bytes"], row["padding"] = p.device_bytes, p.moved_bytes, p.padding
             rows.append(row)
         big = self.largest
@@ -398,6 +404,10 @@ class Report:
             "largest_program": big.name if big else None,
             "fits": self.fits,
             "refused": len(self.refused),
+            "cpu": hardware.cpu_name() if self.chip == "cpu" else None,
+            "ceilings": None
+            if self.roofline is None
+            else {"bandwidth_bytes_per_s": self.roofline.bandwidth, "matmul_flops_per_s": self.roofline.peak_flops},
             "seconds": self.seconds,
             "programs": rows,
         }
@@ -489,6 +499,61 @@ def write_json(r: Report, path) -> None:
         json.dump(r.as_json(), f, indent=1)
 
 
+# -- predicted against measured, on this CPU -----------------------------------------------------------------------
+
+#: The programs `jaxlab bench` times (the kernels run interpreted on a CPU, the train step is minutes per call)
+MEASURED = ("prefill chunk", "decode step [", "rows decode", "rows prefill", "speculative")
+
+
+def _concrete(tree):
+    """Zeros of every abstract leaf (a key: key 0): a program's speed does not depend on the values."""
+
+    def one(a):
+        if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+            return jax.random.key(0)
+        return jnp.zeros(a.shape, a.dtype)
+
+    return jax.tree.map(one, tree)
+
+
+def measure(report: Report, roofline, reps: int = 5, progress=None) -> None:
+    """Time each compiled one-device program of a CPU report (best of ``reps`` calls, fresh arguments each,
+    since the cache is donated) and predict it with this CPU's measured ceilings (``roofline``:
+    :class:`jaxlab.tools.profile.Roofline`) the way a chip's published peaks predict it."""
+    todo = [p for p in report.programs if p.ok and p.name.startswith(MEASURED) and "parallel" not in p.name]
+    for i, p in enumerate(todo):
+        times = []
+        for _ in range(reps + 1):  # the first call warms the caches and page-faults the outputs in
+            args = jax.block_until_ready(_concrete(p.args))
+            t0 = time.perf_counter()
+            jax.block_until_ready(p.executable(*args))
+            times.append(time.perf_counter() - t0)
+        p.measured_s = min(times[1:])
+        t_compute, t_memory = p.flops / roofline.peak_flops, p.moved_bytes / roofline.bandwidth
+        p.predicted_s, p.bound = max(t_compute, t_memory), "compute" if t_compute > t_memory else "memory"
+        if progress is not None:
+            progress(i + 1, len(todo), p.name)
+    report.roofline = roofline
+
+
+def format_measured(r: Report) -> str:
+    rows = [p for p in r.programs if p.measured_s is not None]
+    if not rows:
+        return ""
+    rf = r.roofline
+    lines = [
+        f"predicted against measured on this CPU ({hardware.cpu_name()}): ceilings measured now, "
+        f"{rf.bandwidth / 1e9:.1f} GB/s (a 1 GiB copy) and {rf.peak_flops / 1e9:.0f} GFLOP/s (a float32 matmul)",
+        f"{'program':<52} {'predicted':>10} {'measured':>10} {'measured/predicted':>19}  bound",
+    ]
+    for p in rows:
+        lines.append(
+            f"{p.name:<52} {_time(p.predicted_s):>10} {_time(p.measured_s):>10} "
+            f"{p.measured_s / p.predicted_s:18.1f}x  {p.bound}"
+        )
+    return "\n".join(lines)
+
+
 # -- the command: jaxlab compile ----------------------------------------------------------------------------------
 
 
@@ -507,7 +572,7 @@ def add_arguments(parser) -> None:
         help="a Hugging Face config.json (no weights): any Llama-family size",
     )
     parser.add_argument(
-        "--dtype", default="bfloat16", choices=("bfloat16", "float32"), help="default bfloat16, as a TPU runs"
+        "--dtype", default=None, choices=("bfloat16", "float32"), help="default bfloat16 on a TPU, float32 on the CPU"
     )
     parser.add_argument(
         "--quant", default=None, choices=("int8", "int4", "w8a8"), help="quantized weights (computed in float32)"
@@ -525,6 +590,12 @@ def add_arguments(parser) -> None:
         "--only", default=None, metavar="TEXT", help="compile only the programs whose name contains TEXT"
     )
     parser.add_argument("--json", default=None, metavar="FILE", help="write every figure as JSON")
+    parser.add_argument(
+        "--measure",
+        action="store_true",
+        help="with --chip cpu: also run the programs jaxlab bench times and set the prediction (from this CPU's "
+        "measured ceilings) beside the measured time",
+    )
 
 
 def model_config(model: str | None, config: str | None) -> LlamaConfig:
@@ -556,7 +627,10 @@ def run(args, out) -> int:
     cfg = model_config(args.model, args.config)
     if args.context > cfg.max_seq_len:
         raise ConfigError(f"--context {args.context} exceeds the model's {cfg.max_seq_len} positions")
-    s = Settings(cfg, args.dtype, args.quant, args.group_size, args.attention, args.batch, args.context, args.kv_cache)
+    if args.measure and args.chip != "cpu":
+        raise ConfigError(f"--measure runs the programs, which needs the chip: use it with --chip cpu, not {args.chip}")
+    dtype = args.dtype or ("float32" if args.chip == "cpu" else "bfloat16")
+    s = Settings(cfg, dtype, args.quant, args.group_size, args.attention, args.batch, args.context, args.kv_cache)
     only = (lambda name: args.only.lower() in name.lower()) if args.only else None
     import sys
 
@@ -565,7 +639,13 @@ def run(args, out) -> int:
             print(f"\r[{done}/{total}] {name[:60]:<60}", end="" if done < total else "\n", file=sys.stderr, flush=True)
 
     report = compile_all(s, args.chip, only, progress)
+    if args.measure:
+        from jaxlab.tools.profile import Roofline
+
+        measure(report, Roofline.measure(), progress=progress)
     print(format_report(report), file=out)
+    if args.measure:
+        print("\n" + format_measured(report), file=out)
     if args.json:
         write_json(report, args.json)
     return 1 if report.refused else 0
@@ -584,7 +664,9 @@ __all__ = [
     "compile_all",
     "compile_one",
     "count_ops",
+    "format_measured",
     "format_report",
+    "measure",
     "kernel_programs",
     "lab_programs",
     "parallel_programs",

@@ -24,6 +24,11 @@ from jaxlab.io.config import smollm2_135m, tiny
 from jaxlab.tools import hardware
 
 CONTEXT = 256  # one page-table width: the rows step's smallest program
+TINY_HF = dict(  # a Hugging Face config.json of a two-layer Llama
+    architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=512, hidden_size=64, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, max_position_embeddings=512,
+    rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True,
+)  # fmt: skip
 
 
 def _refusals(report):
@@ -107,15 +112,7 @@ def test_quantized_shapes_are_the_quantized_models(fmt):
 
 def test_the_command_writes_the_report_and_json(tmp_path, capsys):
     cfg = tmp_path / "config.json"
-    cfg.write_text(
-        json.dumps(
-            dict(
-                architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=512, hidden_size=64,
-                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
-                max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True,
-            )
-        )
-    )  # fmt: skip
+    cfg.write_text(json.dumps(TINY_HF))
     out = tmp_path / "r.json"
     code, text, _ = run_main(
         capsys,
@@ -147,6 +144,7 @@ def test_the_command_writes_the_report_and_json(tmp_path, capsys):
         (["--chip", "v5e-1", "--context", "0"], "--context must be at least 1"),
         (["--chip", "v5e-1", "--context", "999999"], "exceeds the model's"),
         (["--chip", "v5e-1", "--config", "/nonexistent/config.json"], "cannot read it as JSON"),
+        (["--chip", "v5e-1", "--measure"], "use it with --chip cpu"),
     ],
 )
 def test_bad_flags_get_one_line(capsys, args, match):
@@ -160,3 +158,20 @@ def test_the_shipped_public_configs_are_the_models_they_name(name, billions):
 
     cfg = cc.model_config(None, str(data_file("configs", f"{name}.json")))
     assert round(cfg.n_params() / 1e9, 2) == billions and cfg.name.split("/")[0] in ("HuggingFaceTB", "meta-llama")
+
+
+def test_measure_sets_this_cpus_prediction_beside_the_measured_time(tmp_path, capsys):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY_HF))
+    out = tmp_path / "r.json"
+    args = ["compile", "--chip", "cpu", "--measure", "--config", str(cfg), "--context", "64", "--batch", "2"]
+    code, text, _ = run_main(capsys, [*args, "--only", "decode", "--json", str(out)])
+    assert code == 0, text
+    assert "predicted against measured on this CPU" in text and hardware.cpu_name() in text
+    res = json.loads(out.read_text())
+    assert res["settings"]["dtype"] == "float32" and res["cpu"] == hardware.cpu_name()
+    assert res["ceilings"]["bandwidth_bytes_per_s"] > 0 and res["ceilings"]["matmul_flops_per_s"] > 0
+    rows = [r for r in res["programs"] if r["measured_s"] is not None]
+    assert {r["name"].split(" [")[0] for r in rows} == {"decode step", "rows decode"}
+    for r in rows:  # a roofline is a lower bound: nothing runs faster than its prediction
+        assert 0 < r["predicted_s"] <= r["measured_s"]
