@@ -9,13 +9,17 @@ notebooks. Beside the flow: ``jaxlab.quant`` (plugs into the engine's linear lay
 notebooks need). This module re-exports the names most programs start from.
 """
 
-from jaxlab.engine.generate import GenerationResult, Generator, decode_on_device
-from jaxlab.engine.kvcache import KVCache, init_cache
-from jaxlab.engine.loading import Model, load
-from jaxlab.engine.model import Llama, Params, Policy, default_policy, forward, init_params
-from jaxlab.engine.sampling import SamplingParams
-from jaxlab.errors import AssetError, ConfigError, InvalidRequestError, JaxlabError, ModelFileError, PromptTooLongError
-from jaxlab.io.config import LlamaConfig, smollm2_135m, smollm2_360m, tiny
+from jaxlab.tools.hardware import keep_jax_off_a_missing_tpu
+
+keep_jax_off_a_missing_tpu()  # libtpu without a TPU (installed to compile for one): jax goes to the CPU quietly
+
+from jaxlab.engine.generate import GenerationResult, Generator, decode_on_device  # noqa: E402
+from jaxlab.engine.kvcache import KVCache, init_cache  # noqa: E402
+from jaxlab.engine.loading import Model, load  # noqa: E402
+from jaxlab.engine.model import Llama, Params, Policy, default_policy, forward, init_params  # noqa: E402
+from jaxlab.engine.sampling import SamplingParams  # noqa: E402
+from jaxlab.errors import AssetError, ConfigError, InvalidRequestError, JaxlabError, ModelFileError, PromptTooLongError  # noqa: E402
+from jaxlab.io.config import LlamaConfig, smollm2_135m, smollm2_360m, tiny  # noqa: E402
 
 __version__ = "0.1.0"
 

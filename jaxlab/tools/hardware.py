@@ -44,6 +44,7 @@ __all__ = [
     "TOPOLOGIES",
     "Topology",
     "topology_devices",
+    "keep_jax_off_a_missing_tpu",
 ]
 
 _GCP_TPU = "Google Cloud TPU docs, system architecture page for"
@@ -250,6 +251,25 @@ def _stderr_kept_unless_failing():
         finally:
             os.dup2(saved, 2)
             os.close(saved)
+
+
+def keep_jax_off_a_missing_tpu(env: dict | None = None) -> bool:
+    """On a host with libtpu installed but no TPU (``make test`` installs it to compile for TPUs), jax's first
+    device query would start a TPU backend, print libtpu's five lines about the TPU metadata it cannot find, and
+    fall back to the CPU. Name the CPU at once instead (``jax_platforms = "cpu"``), unless the user chose
+    (``JAX_PLATFORMS`` or jax's setting), the machine shows an accelerator, or the backends are started.
+    ``import jaxlab`` calls it; returns whether it set anything."""
+    import importlib.util
+
+    env = os.environ if env is None else env
+    if env.get("JAX_PLATFORMS") or accelerator_hint(env) is not None or importlib.util.find_spec("libtpu") is None:
+        return False
+    import jax
+
+    if jax.config.jax_platforms or backend_started():
+        return False
+    jax.config.update("jax_platforms", "cpu")
+    return True
 
 
 def topology_devices(name: str) -> list:

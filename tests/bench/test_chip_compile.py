@@ -175,3 +175,18 @@ def test_measure_sets_this_cpus_prediction_beside_the_measured_time(tmp_path, ca
     assert {r["name"].split(" [")[0] for r in rows} == {"decode step", "rows decode"}
     for r in rows:  # a roofline is a lower bound: nothing runs faster than its prediction
         assert 0 < r["predicted_s"] <= r["measured_s"]
+
+
+def test_libtpu_on_a_cpu_host_changes_nothing_for_a_user():
+    """`make test` installs libtpu; a notebook or a shell without JAX_PLATFORMS still gets the CPU, quietly (jax
+    alone would print libtpu's lines about a TPU it cannot find). A TPU machine, or a choice made, is left alone."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    code = "import jax, jaxlab; print(jax.devices()[0].platform)"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "cpu" and p.stderr == "", p.stderr
+    assert not hardware.keep_jax_off_a_missing_tpu({"JAX_PLATFORMS": "cpu"})
+    assert not hardware.keep_jax_off_a_missing_tpu({"TPU_ACCELERATOR_TYPE": "v5litepod-1"})

@@ -42,7 +42,8 @@ ROOMS: dict[str, set[str]] = {
     "io": {"errors"},
     "quant": {"errors", "io", "engine"},
     "engine": {"errors", "io", "quant"},
-    "jaxlab": {"errors", "io", "engine"},
+    # the package root re-exports the engine's names, and first keeps jax off a TPU that libtpu alone cannot find
+    "jaxlab": {"errors", "io", "engine", "tools"},
     "tools": {"errors", "io", "engine", "quant"},
     "retrieval": {"errors", "io", "engine", "tools"},
     "train": {"errors", "io", "engine", "quant", "tools"},
