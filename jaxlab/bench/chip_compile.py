@@ -469,10 +469,12 @@ def _time(t: float | None) -> str:
 
 def format_report(r: Report) -> str:
     s = r.settings
-    quant = f", {s.quant}" + (f" g{s.group}" if s.quant == "int4" else "") if s.quant else ""
+    quant = (
+        f"{s.quant}" + (f" g{s.group}" if s.quant == "int4" else "") + " weights, float32 compute" if s.quant else ""
+    )
     kv = f", KV cache {s.kv_cache}" if s.kv_cache else ""
     head = (
-        f"{s.config.name} ({s.dtype}{quant}{kv}, attention {s.attention}) compiled for {r.chip}: batch {s.batch}, "
+        f"{s.config.name} ({quant or s.dtype}{kv}, attention {s.attention}) compiled for {r.chip}: batch {s.batch}, "
         f"context {s.context}; {len(r.programs)} programs in {r.seconds:.1f} s, {len(r.refused)} refused"
     )
     lines = [head, ""]
