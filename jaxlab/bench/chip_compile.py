@@ -52,6 +52,7 @@ from jaxlab.errors import ConfigError
 from jaxlab.io.config import LlamaConfig
 from jaxlab.quant.calibrate import quantized_shapes
 from jaxlab.tools import hardware
+from jaxlab.tools.profile import array_bytes
 
 CHIP_NAMES = (*hardware.TOPOLOGIES, "cpu")
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
@@ -110,12 +111,21 @@ class Target:
         return self.devices[0].platform
 
     @property
+    def _per_chip(self) -> float:
+        """jax devices per chip (libtpu's v4 topology lists each TensorCore)."""
+        return len(self.devices) / hardware.TOPOLOGIES[self.name].n_chips
+
+    @property
     def device_peaks(self) -> tuple[float, float] | None:
         """(FLOP/s, bytes/s) of one device, from the chip's published peaks; None on a CPU."""
         if self.chip is None:
             return None
-        per_chip = len(self.devices) / hardware.TOPOLOGIES[self.name].n_chips
-        return self.chip.peak_flops / per_chip, self.chip.hbm_bandwidth / per_chip
+        return self.chip.peak_flops / self._per_chip, self.chip.hbm_bandwidth / self._per_chip
+
+    @property
+    def device_hbm(self) -> float | None:
+        """Memory bytes of one device, from the chip's published size; None on a CPU."""
+        return None if self.chip is None else self.chip.hbm_bytes / self._per_chip
 
     def mesh(self, n: int = 1, axes=("x",)) -> Mesh:
         return Mesh(np.asarray(self.devices[:n]).reshape((n,) + (1,) * (len(axes) - 1)), axes)
@@ -152,26 +162,6 @@ def custom_call_targets(hlo: str) -> dict:
     return dict(Counter(re.findall(r'custom_call_target="([^"]+)"', hlo)))
 
 
-def _itemsize(dtype) -> int:
-    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
-        return 8  # a threefry key: two uint32
-    return jnp.dtype(dtype).itemsize
-
-
-def _nbytes(tree) -> int:
-    return sum(int(np.prod(a.shape)) * _itemsize(a.dtype) for a in jax.tree.leaves(tree))
-
-
-def _device_nbytes(tree) -> int:
-    """Logical bytes of one device's part of the arguments (a split array counts its shard, a replicated one whole)."""
-    total = 0
-    for a in jax.tree.leaves(tree):
-        sh = getattr(a, "sharding", None)
-        shape = sh.shard_shape(a.shape) if sh is not None else a.shape
-        total += int(np.prod(shape)) * _itemsize(a.dtype)
-    return total
-
-
 def compile_one(name: str, fn, args: tuple, static: dict | None, tgt: Target) -> Compiled:
     """Lower and compile ``fn(*args, **static)`` for ``tgt`` (args abstract, placed on its devices)."""
     t0 = time.perf_counter()
@@ -194,7 +184,7 @@ def compile_one(name: str, fn, args: tuple, static: dict | None, tgt: Target) ->
         alias_bytes=int(mem.alias_size_in_bytes),
         temp_bytes=int(mem.temp_size_in_bytes),
         code_bytes=int(mem.generated_code_size_in_bytes),
-        logical_bytes=_device_nbytes(args),
+        logical_bytes=array_bytes(args, per_device=True),
         flops=float(cost.get("flops", 0.0)),
         cost_bytes=float(cost.get("bytes accessed", 0.0)),
         collectives=count_ops(hlo, COLLECTIVES),
@@ -225,10 +215,19 @@ class Settings:
     context: int = 1024
     kv_cache: str | None = None  # "int8" for the int8 KV cache; default the parameters' dtype
 
+    @property
+    def compute_dtype(self) -> str:
+        """The parameters' policy: quantized weights compute in float32 (the quantized path's dtype)."""
+        return "float32" if self.quant else self.dtype
+
+    @property
+    def cache_dtype(self):
+        return jnp.dtype(jnp.int8 if self.kv_cache == "int8" else self.compute_dtype)
+
 
 def abstract_params(s: Settings) -> Params:
     """The model's parameters as shapes only (nothing allocated, no file read)."""
-    policy = dataclasses.replace(default_policy("float32" if s.quant else s.dtype), attention=s.attention)
+    policy = dataclasses.replace(default_policy(s.compute_dtype), attention=s.attention)
     params = jax.eval_shape(lambda: init_params(s.config, 0, policy))
     return quantized_shapes(params, s.quant, s.group) if s.quant else params
 
@@ -237,13 +236,14 @@ def _placed(tree, sharding):
     return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), tree)
 
 
-def lab_programs(s: Settings, tgt: Target) -> list[tuple[str, Callable, tuple, dict | None]]:
-    """(name, jitted function, abstract arguments, static arguments) of every one-device program."""
+def lab_programs(s: Settings, tgt: Target, params: Params) -> list[tuple[str, Callable, tuple, dict | None]]:
+    """(name, jitted function, abstract arguments, static arguments) of every one-device program (``params``:
+    :func:`abstract_params`)."""
     one = NamedSharding(tgt.mesh(1), P())
     put = lambda tree: _placed(tree, one)  # noqa: E731
     cfg, b, ctx = s.config, s.batch, s.context
-    params = put(abstract_params(s))
-    cache_dtype = jnp.int8 if s.kv_cache == "int8" else jnp.dtype("float32" if s.quant else s.dtype)
+    params = put(params)
+    cache_dtype = s.cache_dtype
     cache = put(jax.eval_shape(lambda: init_cache(cfg, b, ctx, cache_dtype)))
     key = put(jax.eval_shape(lambda: jax.random.key(0)))
     greedy = put(steps.GREEDY)
@@ -313,7 +313,7 @@ def kernel_programs(s: Settings, tgt: Target) -> list[tuple[str, Callable, tuple
     ]
 
 
-def parallel_programs(s: Settings, tgt: Target) -> list[tuple[str, Callable, tuple, dict | None]]:
+def parallel_programs(s: Settings, tgt: Target, params: Params) -> list[tuple[str, Callable, tuple, dict | None]]:
     """On a slice of several devices: the decode step split by rows (data) and by heads (tensor), each as
     :class:`~jaxlab.engine.sharding.Sharded` builds it for a real mesh (the parameters shapes only)."""
     from jaxlab.engine.sharding import shard
@@ -321,18 +321,16 @@ def parallel_programs(s: Settings, tgt: Target) -> list[tuple[str, Callable, tup
     n = len(tgt.devices)
     if n < 2:
         return []
-    params = abstract_params(s)
-    cache_dtype = "int8" if s.kv_cache == "int8" else None
     out = []
     for strategy, mesh in (("data", f"data={n},model=1"), ("tensor", f"data=1,model={n}")):
-        sharded = shard(params, mesh, strategy, devices=list(tgt.devices), cache_dtype=cache_dtype)
+        sharded = shard(params, mesh, strategy, devices=list(tgt.devices), cache_dtype=s.cache_dtype)
         batch = -(-s.batch // sharded.rows_multiple) * sharded.rows_multiple
         args = sharded.decode_args(batch, s.context)
         out.append((f"decode step [{batch}], {strategy}-parallel over {n} devices", sharded.decode_fn, args, None))
     return out
 
 
-def extra_programs(s: Settings, tgt: Target) -> list[tuple[str, Callable, tuple, dict | None]]:
+def extra_programs(s: Settings, tgt: Target, params: Params) -> list[tuple[str, Callable, tuple, dict | None]]:
     """The encoder's forward (retrieval) and the LoRA train step (fine-tuning) at their usual shapes."""
     from jaxlab.engine.encoder import BertConfig, init_encoder, sentence_embeddings
     from jaxlab.train import lora
@@ -345,7 +343,6 @@ def extra_programs(s: Settings, tgt: Target) -> list[tuple[str, Callable, tuple,
     ids = put(jax.ShapeDtypeStruct((eb, et), jnp.int32))
     progs = [(f"encoder forward [{eb}, {et}]", jax.jit(sentence_embeddings), (enc, ids, ids), None)]
     if s.quant is None:
-        params = abstract_params(s)
         lcfg, tcfg = lora.LoraConfig(), TrainConfig()
         adapter = jax.eval_shape(lambda p: lora.init_adapter(p, lcfg), params)
         opt = optimizer(tcfg)
@@ -429,7 +426,9 @@ def compile_all(
     tgt = target(chip)
     if s.attention == "pallas" and s.kv_cache == "int8":
         raise ConfigError("attention 'pallas' reads a float KV cache: drop --kv-cache int8, or use --attention xla")
-    todo = lab_programs(s, tgt) + kernel_programs(s, tgt) + parallel_programs(s, tgt) + extra_programs(s, tgt)
+    params = abstract_params(s)
+    todo = lab_programs(s, tgt, params) + kernel_programs(s, tgt)
+    todo += parallel_programs(s, tgt, params) + extra_programs(s, tgt, params)
     todo = [t for t in todo if only is None or only(t[0])]
     # XLA compiles outside Python's lock: a thread per core overlaps one program's compile with another's tracing
     # and compiling (the whole set for v5e-1 on 2 cores: 213 s one at a time)
@@ -448,13 +447,8 @@ def compile_all(
     with concurrent.futures.ThreadPoolExecutor(max(1, min(workers or os.cpu_count() or 1, len(todo)))) as pool:
         by_name = {r.name: r for r in pool.map(one, longest_first)}
     out = [by_name[t[0]] for t in todo]
-    weights = _nbytes(abstract_params(s))
-    cache_dtype = jnp.int8 if s.kv_cache == "int8" else jnp.dtype("float32" if s.quant else s.dtype)
-    cache = _nbytes(jax.eval_shape(lambda: init_cache(s.config, s.batch, s.context, cache_dtype)))
-    hbm = None
-    if tgt.chip is not None:
-        hbm = tgt.chip.hbm_bytes * hardware.TOPOLOGIES[chip].n_chips / len(tgt.devices)
-    return Report(chip, s, out, weights, cache, hbm, time.perf_counter() - t0)
+    cache = array_bytes(jax.eval_shape(lambda: init_cache(s.config, s.batch, s.context, s.cache_dtype)))
+    return Report(chip, s, out, array_bytes(params), cache, tgt.device_hbm, time.perf_counter() - t0)
 
 
 def _mb(n: float) -> str:

@@ -485,13 +485,23 @@ def count_ops(hlo: str, names: Sequence[str] = DEFAULT_OPS) -> dict[str, int]:
 # --------------------------------------------------------------------------------------------------
 
 
-def array_bytes(tree: Any) -> int:
-    """Total bytes of the array leaves of a pytree (jax arrays, numpy arrays, ShapeDtypeStructs)."""
+def array_bytes(tree: Any, per_device: bool = False) -> int:
+    """Total bytes of the array leaves of a pytree (jax arrays, numpy arrays, ShapeDtypeStructs; a random key
+    counts its key data). ``per_device``: one device's part, a leaf placed with a sharding counting its shard (a
+    split array its slice, a replicated one whole)."""
     total = 0
     for leaf in jax.tree_util.tree_leaves(tree):
         if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
-            total += int(np.prod(leaf.shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
+            sharding = getattr(leaf, "sharding", None) if per_device else None
+            shape = sharding.shard_shape(leaf.shape) if sharding is not None else leaf.shape
+            total += int(np.prod(shape, dtype=np.int64)) * _itemsize(leaf.dtype)
     return total
+
+
+def _itemsize(dtype) -> int:
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return 8  # a threefry key (jax's default): two uint32
+    return np.dtype(dtype).itemsize
 
 
 def _rss_bytes() -> tuple[int | None, int | None]:
