@@ -17,6 +17,7 @@ from jaxlab.quant.formats import (
     DEFAULT_GROUP,
     QuantizedMatrix,
     check_format,
+    check_groups,
     embedding_format,
     quantize_matrix,
     quantized_names,
@@ -127,12 +128,9 @@ def quantize_params(
     if already:
         raise ConfigError(f"parameters are already quantized ({already[0]} ...); quantize float parameters")
     bar = _progress(len(names), f"quantizing to {fmt}", progress)
-    out = []
-    for path, var in flat_state:
-        name = param_name(path)
-        value = var.get_value()
-        mfmt = embed if name == "embed" else fmt
-        if name in names and mfmt != "float32":
+
+    def quantize(name, value, mfmt):
+        if mfmt != "float32":
             w = np.asarray(value) if name == "embed" else np.asarray(value).T
             smooth = None
             if mfmt == "w8a8" and calibration is not None:
@@ -141,40 +139,42 @@ def quantize_params(
             value = quantize_matrix(w, mfmt, group, name)
             if smooth is not None:
                 value = dataclasses.replace(value, smooth=jnp.asarray(smooth))
-        if name in names:
-            bar.update(1)
-        out.append((path, var.replace(value)))
+        bar.update(1)
+        return value
+
+    out = _each_matrix(params, fmt, embed, quantize)
     bar.close()
-    return Params(params.graphdef, nnx.from_flat_state(out))
+    return out
 
 
 def quantized_shapes(params, fmt: str, group: int = DEFAULT_GROUP, *, embed: str | None = None):
     """:func:`quantize_params`' result as shapes only, from float parameters that may be shapes themselves
     (``jax.eval_shape``): what a quantized model of any size holds, with no weights (``jaxlab compile``)."""
     check_format(fmt, group)
-    embed = embed or embedding_format(fmt)
+    f32, sds = jnp.float32, jax.ShapeDtypeStruct
+
+    def shapes(name, value, mfmt):
+        if mfmt == "float32":
+            return value
+        o, n_in = value.shape if name == "embed" else value.shape[::-1]  # stored [out, in], as quantize_matrix
+        if mfmt != "int4":
+            return QuantizedMatrix(sds((o, n_in), jnp.int8), sds((o,), f32), None, mfmt)
+        check_groups(name, n_in, group)
+        groups = sds((o, n_in // group), f32)
+        return QuantizedMatrix(sds((o, n_in // 2), jnp.uint8), groups, groups, mfmt, group)
+
+    return _each_matrix(params, fmt, embed or embedding_format(fmt), shapes)
+
+
+def _each_matrix(params, fmt: str, embed: str, fn) -> Params:
+    """The model with each matrix :func:`quantized_names` lists replaced by ``fn(name, value, its format)`` (the
+    embedding's format is ``embed``, the others' ``fmt``; "float32" means left float)."""
     names = set(quantized_names(params))
     out = []
     for path, var in nnx.to_flat_state(params.state):
-        name = param_name(path)
-        value = var.get_value()
-        mfmt = embed if name == "embed" else fmt
-        if name in names and mfmt != "float32":
-            o, n_in = value.shape if name == "embed" else value.shape[::-1]
-            if mfmt == "int4" and n_in % group:
-                raise ConfigError(f"{name}: input size {n_in} is not a multiple of the int4 group size {group}")
-            f32 = jnp.float32
-            sds = jax.ShapeDtypeStruct
-            if mfmt == "int4":
-                value = QuantizedMatrix(
-                    sds((o, n_in // 2), jnp.uint8),
-                    sds((o, n_in // group), f32),
-                    sds((o, n_in // group), f32),
-                    mfmt,
-                    group,
-                )
-            else:
-                value = QuantizedMatrix(sds((o, n_in), jnp.int8), sds((o,), f32), None, mfmt)
+        name, value = param_name(path), var.get_value()
+        if name in names:
+            value = fn(name, value, embed if name == "embed" else fmt)
         out.append((path, var.replace(value)))
     return Params(params.graphdef, nnx.from_flat_state(out))
 

@@ -218,6 +218,15 @@ def _int4_dot(x2, packed, scale, zero, group):
 # --------------------------------------------------------------------------------------------------
 
 
+def check_groups(name: str, n_in: int, group: int) -> None:
+    """An int4 matrix's inputs split into whole groups, or a clear error."""
+    if n_in % group:
+        raise ConfigError(
+            f"{name}: input size {n_in} is not a multiple of the int4 group size {group}; "
+            f"choose a group size that divides it (e.g. 32 or 64)"
+        )
+
+
 def quantize_matrix(w: np.ndarray, fmt: str, group: int = DEFAULT_GROUP, name: str = "matrix") -> QuantizedMatrix:
     """Quantize a float matrix ``w [out, in]`` (output-major) to ``fmt``."""
     check_format(fmt, group)
@@ -230,11 +239,7 @@ def quantize_matrix(w: np.ndarray, fmt: str, group: int = DEFAULT_GROUP, name: s
         q = np.clip(np.rint(w / s[:, None]), -127, 127).astype(np.int8)
         return QuantizedMatrix(jnp.asarray(q), jnp.asarray(s), None, fmt)
     o, n_in = w.shape
-    if n_in % group:
-        raise ConfigError(
-            f"{name}: input size {n_in} is not a multiple of the int4 group size {group}; "
-            f"choose a group size that divides it (e.g. 32 or 64)"
-        )
+    check_groups(name, n_in, group)
     g = w.reshape(o, n_in // group, group)
     lo, hi = g.min(-1), g.max(-1)
     d = (hi - lo) / 15.0
