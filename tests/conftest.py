@@ -109,6 +109,11 @@ _MEASURED: list[str] = []
 SOLUTIONS = Path(__file__).resolve().parent.parent / "notebooks" / "solutions"
 
 
+def not_implemented(*args):
+    """An exercise left as the notebook hands it out: its checker must report it, not pass it or crash."""
+    raise NotImplementedError
+
+
 def load_solution(name: str):
     """The module notebooks/solutions/<name>.py (the exercises' solutions), imported from its path."""
     spec = importlib.util.spec_from_file_location(f"solution_{name}", SOLUTIONS / f"{name}.py")

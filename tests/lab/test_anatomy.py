@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import load_solution
+from conftest import load_solution, not_implemented
 
 from jaxlab.engine.kvcache import init_cache, left_pad, rollback
 from jaxlab.engine.model import init_params
@@ -270,10 +270,6 @@ def test_cache_plots_draw(params):
 # ---- exercise checkers -------------------------------------------------------------------------
 
 
-def _not_implemented(*args):
-    raise NotImplementedError
-
-
 def test_nb03_checkers_pass_solutions_and_fail_wrong_answers(capsys):
     sol = load_solution("03_flax_model")
     assert nb03.check_gqa_attention(sol.my_gqa_attention)
@@ -295,13 +291,13 @@ def test_nb03_checkers_pass_solutions_and_fail_wrong_answers(capsys):
     assert not nb03.check_gqa_attention(tiled)
     assert not nb03.check_gqa_attention(no_mask)
     assert not nb03.check_gqa_attention(no_scale)
-    assert not nb03.check_gqa_attention(_not_implemented)
+    assert not nb03.check_gqa_attention(not_implemented)
     assert not nb03.check_rope(lambda x, c, s: x * c[:, :, None] + x * s[:, :, None])  # no rotate_half
     # interleaved pairs (llama.cpp layout) instead of "rotate half"
     assert not nb03.check_rope(
         lambda x, c, s: x * c[:, :, None] + jnp.stack([-x[..., 1::2], x[..., ::2]], -1).reshape(x.shape) * s[:, :, None]
     )
-    assert not nb03.check_rope(_not_implemented)
+    assert not nb03.check_rope(not_implemented)
     out = capsys.readouterr().out
     assert "FAIL: apply_rope: not implemented yet" in out and "PASS: gqa_attention" in out
     assert "FAIL: gqa_attention: not implemented yet" in out
@@ -319,6 +315,6 @@ def test_nb05_checkers_pass_solutions_and_fail_wrong_answers(capsys):
     )
     assert not nb05.check_kv_cache_bytes(lambda cfg, b, s, i: 2 * cfg.n_layers * b * s * cfg.n_heads * cfg.head_dim * i)
     assert not nb05.check_kv_cache_bytes(lambda cfg, b, s, i: cfg.n_layers * b * s * cfg.n_kv_heads * cfg.head_dim * i)
-    assert not nb05.check_kv_cache_bytes(_not_implemented)
+    assert not nb05.check_kv_cache_bytes(not_implemented)
     out = capsys.readouterr().out
     assert "FAIL: KV cache bytes: not implemented yet" in out and "PASS: cache update" in out

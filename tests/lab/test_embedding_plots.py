@@ -4,14 +4,10 @@ bench runs it reads, and the PCA of the embedding map."""
 from __future__ import annotations
 
 import numpy as np
-from conftest import load_solution
+from conftest import load_solution, not_implemented
 
 from jaxlab.lab import embedding_plots
 from jaxlab.lab.exercises import nb14
-
-
-def _not_implemented(*args):
-    raise NotImplementedError
 
 
 def test_nb14_checkers_pass_solutions_and_fail_wrong_answers(capsys):
@@ -27,7 +23,7 @@ def test_nb14_checkers_pass_solutions_and_fail_wrong_answers(capsys):
         lambda q, d, k: np.argsort(np.asarray(q) @ np.asarray(d).T, axis=1)[:, :k]
     )  # worst first
     assert not nb14.check_recall_at_k(lambda r, g, k: sum(x in p[: k + 1] for p, x in zip(r, g)) / len(g))
-    assert not nb14.check_recall_at_k(_not_implemented)
+    assert not nb14.check_recall_at_k(not_implemented)
     out = capsys.readouterr().out
     assert "FAIL: recall@k: not implemented yet" in out and "PASS: cosine top-k" in out
 

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import load_solution
+from conftest import load_solution, not_implemented
 
 from jaxlab import forward, init_params, tiny
 from jaxlab.lab import essentials
@@ -30,10 +30,6 @@ def sol01():
 @pytest.fixture(scope="module")
 def tiny_params():
     return init_params(tiny(), key=3)
-
-
-def _not_implemented(*args):
-    raise NotImplementedError
 
 
 # ------------------------------------------------------------------------------------ essentials
@@ -150,7 +146,7 @@ def test_rms_norm_reference_is_the_model_module():
 def test_check_rms_norm(sol01, capsys):
     assert nb01.check_rms_norm(sol01.rms_norm)
     assert "PASS" in capsys.readouterr().out
-    assert not nb01.check_rms_norm(_not_implemented)
+    assert not nb01.check_rms_norm(not_implemented)
     assert "not implemented yet" in capsys.readouterr().out
     no_eps = lambda x, w, eps: w * x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True))  # noqa: E731
     assert not nb01.check_rms_norm(no_eps)
@@ -174,7 +170,7 @@ def test_check_scale_logits(sol01, capsys):
     assert nb01.check_scale_logits(sol01.scale_logits)
     assert nb01.check_scale_logits(sol01.scale_logits_cond)
     assert capsys.readouterr().out.count("PASS") == 2
-    assert not nb01.check_scale_logits(_not_implemented)
+    assert not nb01.check_scale_logits(not_implemented)
     assert "not implemented yet" in capsys.readouterr().out
     assert not nb01.check_scale_logits(nb01.scale_logits_python_if)
     assert "TracerBoolConversionError" in capsys.readouterr().out
@@ -210,7 +206,7 @@ def test_quiz_and_check_compile_count(sol01, capsys):
 def test_check_device_env_flags(sol00, capsys):
     assert nb00.check_device_env(sol00.device_env, run_subprocess=False)
     assert "PASS" in capsys.readouterr().out
-    assert not nb00.check_device_env(_not_implemented, run_subprocess=False)
+    assert not nb00.check_device_env(not_implemented, run_subprocess=False)
     assert "not implemented yet" in capsys.readouterr().out
 
 
@@ -252,7 +248,7 @@ def test_check_chat_ids(sol00, gguf_path, capsys):
     tok = Tokenizer.from_gguf(gguf_path)
     assert nb00.check_chat_ids(sol00.chat_ids, tok)
     assert "PASS: chat_ids: 6 prompts" in capsys.readouterr().out
-    assert not nb00.check_chat_ids(_not_implemented, tok)
+    assert not nb00.check_chat_ids(not_implemented, tok)
     assert not nb00.check_chat_ids(lambda t, q: t.encode(q), tok)  # no template
 
     def no_prompt(t, q):

@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import matplotlib
 import numpy as np
-from conftest import load_solution
+from conftest import load_solution, not_implemented
 
 from jaxlab.lab import pallas as lp
 from jaxlab.lab.exercises import nb13
 
 matplotlib.use("Agg")
-
-
-def _not_implemented(*args):
-    raise NotImplementedError
 
 
 def test_nb13_checkers_pass_solutions_and_fail_wrong_answers(capsys):
@@ -33,10 +29,10 @@ def test_nb13_checkers_pass_solutions_and_fail_wrong_answers(capsys):
 
     assert not nb13.check_block_update(no_rescale)
     assert not nb13.check_block_update(no_mask)
-    assert not nb13.check_block_update(_not_implemented)
+    assert not nb13.check_block_update(not_implemented)
     assert not nb13.check_blocks(lambda q, s, chip: (64, 128))  # 64 does not divide 9 queries on a TPU
     assert not nb13.check_blocks(lambda q, s, chip: (q, s))  # whole dimensions: too big, not powers of two
-    assert not nb13.check_blocks(_not_implemented)
+    assert not nb13.check_blocks(not_implemented)
     out = capsys.readouterr().out
     assert "PASS: block sizes" in out and "FAIL: block sizes: not implemented yet" in out
 

@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import json
 
-from conftest import load_solution
+from conftest import load_solution, not_implemented
 
 from jaxlab.lab.exercises import nb12
-
-
-def _not_implemented(*args):
-    raise NotImplementedError
 
 
 def test_nb12_checkers_pass_solutions_and_fail_wrong_answers(capsys):
@@ -38,7 +34,7 @@ def test_nb12_checkers_pass_solutions_and_fail_wrong_answers(capsys):
     assert not nb12.check_bucket(lambda pm, times: [True] * len(times))  # no limit
     assert not nb12.check_bucket(lambda pm, times: sol.my_bucket(pm / 2, times))  # half the rate and the burst
     assert not nb12.check_ttft_tpot(lambda s, t: (t[0] - s, (t[-1] - t[0]) / len(t)))  # divides by n, not n - 1
-    assert not nb12.check_ttft_tpot(_not_implemented)
+    assert not nb12.check_ttft_tpot(not_implemented)
     out = capsys.readouterr().out
     assert "FAIL: time to first token, time per output token: not implemented yet" in out
     assert "PASS: token bucket: which requests pass" in out
