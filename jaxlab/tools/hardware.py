@@ -217,7 +217,8 @@ class Topology:
 
 #: The slices ``jaxlab compile --chip`` compiles for (each fits one host: no multi-host topology is needed to
 #: compile, and the lab's meshes are one host's): Colab's free TPU (v5e-1), the Trillium chip (v6e-1), v5e
-#: hosts of 4 and 8 chips, and a v4-8 (4 chips of 2 TensorCores each, seen by jax as one device per chip).
+#: hosts of 4 and 8 chips, and a v4-8 (4 chips of 2 TensorCores each; libtpu's topology lists each TensorCore
+#: as a device, 8 in all).
 TOPOLOGIES: dict[str, Topology] = {
     t.name: t
     for t in (
