@@ -4,6 +4,8 @@
 #                every notebook, but the few that build an environment of their own
 #   make test-install  those: the simulated Colab run and the offline wheelhouse (each builds a venv; CI runs it
 #                after make test)
+#   make test-proxy  every notebook executed under the accelerator proxy (a TPU's numerics and criteria, bfloat16,
+#                on XLA:CPU): the notebooks' TPU branch, which no CPU run reaches (CI runs it after test-install)
 #   make llama-cpp  llama.cpp's server and benches, the peer of `jaxlab bench --serve` (not needed by the tests)
 #   make peers   the exported GGUF files (F16, Q8_0) in llama.cpp's llama-server give jaxlab's greedy tokens
 #   make wheelhouse  every wheel `make lab` needs, with the model and compile caches, for a room with no network;
@@ -28,7 +30,7 @@ WARM ?= 00
 SOLUTIONS ?=
 HIDE := $(if $(SOLUTIONS),,--ContentsManager.hide_globs="['solutions','__pycache__','*.pyc','.ipynb_checkpoints']")
 
-.PHONY: setup lab test test-install test-fast notebooks bench llama-cpp peers reference wheelhouse student-copy clean
+.PHONY: setup lab test test-install test-proxy test-fast notebooks bench llama-cpp peers reference wheelhouse student-copy clean
 
 setup: $(LAB_STAMP)
 
@@ -67,7 +69,7 @@ XDIST := -n 2 --dist loadfile --no-loadscope-reorder
 test: $(TEST_STAMP)
 	cache=$$(mktemp -d -t jaxlab-tests-compile-cache-XXXXXX) && trap 'rm -rf "$$cache"' EXIT && \
 	export JAXLAB_COMPILE_CACHE="$$cache" && \
-	$(CPU) $(BIN)/python -m pytest tests notebooks -m "not install" $(NBVAL) $(XDIST)
+	$(CPU) $(BIN)/python -m pytest tests notebooks -m "not install and not proxy" $(NBVAL) $(XDIST)
 	@echo "make test: the tests that build an environment of their own (marked install) run in make test-install"
 
 # The tests that build an environment of their own (pytest -m install): the simulated Colab run (a venv with
@@ -78,8 +80,17 @@ test-install: $(TEST_STAMP)
 	export JAXLAB_COMPILE_CACHE="$$cache" && \
 	$(CPU) $(BIN)/python -m pytest tests -m install $(XDIST)
 
+# Every notebook under the accelerator proxy (JAXLAB_ACCELERATOR_PROXY=tpu, tests/lab/test_accelerator_proxy.py): the
+# policy and criteria a TPU gets (bfloat16 weights, the statistical golden criteria, dtype-aware tolerances) while
+# XLA:CPU computes. A cell that raises or a check that prints FAIL fails; the stored outputs (the CPU run) are
+# neither compared nor written. CI runs it after test-install.
+test-proxy: $(TEST_STAMP)
+	cache=$$(mktemp -d -t jaxlab-tests-compile-cache-XXXXXX) && trap 'rm -rf "$$cache"' EXIT && \
+	export JAXLAB_COMPILE_CACHE="$$cache" && \
+	$(CPU) $(BIN)/python -m pytest tests/lab/test_accelerator_proxy.py -m proxy -n 2
+
 test-fast: $(TEST_STAMP)
-	$(CPU) $(BIN)/python -m pytest tests -m "not reference and not slow"
+	$(CPU) $(BIN)/python -m pytest tests -m "not reference and not slow and not install and not proxy"
 
 notebooks: $(LAB_STAMP)
 	$(CPU) $(BIN)/python scripts/run_notebooks.py

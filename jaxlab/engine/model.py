@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -109,6 +110,29 @@ class Policy:
 
 BF16_MIN_COMPUTE_CAPABILITY = (8, 0)  # Ampere (A100, sm 80) and later have bfloat16 tensor cores
 
+#: ``JAXLAB_ACCELERATOR_PROXY=tpu`` on a CPU process: the accelerator proxy. Everything that follows the backend's
+#: numerics (``dtype="auto"``, the golden criteria, the notebooks' backend-aware checks) acts as on a TPU, while
+#: XLA:CPU computes: bfloat16 weights and activations, the statistical criteria. It runs a TPU's branch of every
+#: notebook on a machine without one (``make test-proxy``); the speed of a TPU it cannot give. A real accelerator
+#: outranks it (on a TPU or GPU backend the variable is ignored).
+PROXY_ENV = "JAXLAB_ACCELERATOR_PROXY"
+PROXIES = ("tpu",)
+
+
+def proxy_backend() -> str | None:
+    """The accelerator whose numerics this CPU process takes (:data:`PROXY_ENV`), or None."""
+    value = os.environ.get(PROXY_ENV, "").strip().lower()
+    if not value:
+        return None
+    if value not in PROXIES:
+        raise ConfigError(f"{PROXY_ENV}={value!r} is not a proxy this lab has; set it to tpu, or unset it")
+    return value if jax.default_backend() == "cpu" else None
+
+
+def numerics_backend() -> str:
+    """The backend whose numerics this process follows: the proxy's (:func:`proxy_backend`), else jax's."""
+    return proxy_backend() or jax.default_backend()
+
 
 def backend_numerics(backend: str | None = None, device: Any = None) -> dict:
     """The default numerics of a backend, and why: {"backend", "dtype", "precision", "reason"}.
@@ -120,12 +144,16 @@ def backend_numerics(backend: str | None = None, device: Any = None) -> dict:
       unmeasured in this lab and overflows more easily, so a T4 keeps float32 (parity) until measured.
 
     ``device`` (default ``jax.devices()[0]``) is read for its platform and compute capability;
-    ``backend`` overrides the platform (tests pass fake devices and backends)."""
+    ``backend`` overrides the platform (tests pass fake devices and backends); with neither, the accelerator
+    proxy (:data:`PROXY_ENV`) counts as its TPU."""
+    proxy = proxy_backend() if backend is None and device is None else None
     if backend is None:
-        backend = getattr(device, "platform", None) if device is not None else jax.default_backend()
+        backend = getattr(device, "platform", None) if device is not None else numerics_backend()
     backend = {"cuda": "gpu", "rocm": "gpu"}.get(str(backend).lower(), str(backend).lower())
     if backend == "tpu":
         dtype, reason = "bfloat16", "TPU: bfloat16 is the MXU's native input (float32 accumulation)"
+        if proxy:
+            reason += f"; the accelerator proxy on XLA:CPU ({PROXY_ENV}=tpu), not a TPU"
     elif backend == "gpu":
         if device is None:
             devices = jax.devices() if jax.default_backend() == "gpu" else []

@@ -29,18 +29,34 @@ def setup(compile_cache: bool = True, quiet: bool = False) -> dict:
         matplotlib.rcParams.update({"figure.figsize": (7, 3.5), "figure.dpi": 90, "axes.grid": True})
     except ImportError:
         pass
+    from jaxlab.engine.model import PROXY_ENV, proxy_backend
+
     info = {
         "jaxlab": __version__,
         "jax": jax.__version__,
         "backend": jax.default_backend(),
         "device_count": jax.device_count(),
+        "proxy": proxy_backend(),
     }
     if not quiet:
         print(
             f"jaxlab {info['jaxlab']} | jax {info['jax']} | backend {info['backend']} "
             f"({info['device_count']} device{'s' if info['device_count'] != 1 else ''})"
         )
+        if info["proxy"]:
+            print(
+                f"accelerator proxy ({PROXY_ENV}={info['proxy']}): this notebook takes the {info['proxy'].upper()}'s "
+                "numerics and criteria (bfloat16) while XLA:CPU computes; its timings are the CPU's"
+            )
     return info
+
+
+def numerics_backend() -> str:
+    """The backend whose numerics and criteria a notebook's checks follow: "tpu" under the accelerator proxy,
+    else jax's backend. Timings and speed orderings are the hardware's own (``jax.default_backend()``)."""
+    from jaxlab.engine.model import numerics_backend as backend
+
+    return backend()
 
 
 def _fmt(v) -> str:

@@ -623,9 +623,10 @@ class Roofline:
     peak_flops: float
 
     @classmethod
-    def measure(cls, nbytes: int = 1 << 30, n: int = 2048, repeats: int = 3) -> Roofline:
-        """Measure both ceilings on the default device."""
-        return cls(measure_bandwidth(nbytes, repeats), measure_matmul_flops(n, repeats=repeats))
+    def measure(cls, nbytes: int = 1 << 30, n: int = 2048, repeats: int = 3, dtype: Any = jnp.float32) -> Roofline:
+        """Measure both ceilings on the default device; the matmul in ``dtype``, the one the model computes in
+        (a bfloat16 model's ceiling is the bfloat16 matmul's: the peak accelerators publish)."""
+        return cls(measure_bandwidth(nbytes, repeats), measure_matmul_flops(n, dtype, repeats=repeats))
 
     @property
     def ridge(self) -> float:

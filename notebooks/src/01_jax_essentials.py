@@ -35,6 +35,7 @@ from jaxlab.lab import essentials
 from jaxlab.lab.exercises import nb01
 from jaxlab.lab.notebook import check, setup, show_source, table, verdict
 from jaxlab.tools.profile import CompileCounter
+from jaxlab.tools.reference import agreement_rtol
 
 # This notebook measures compile times, so it keeps JAX's persistent compilation cache off:
 # with it on, a second run would load programs from disk and "compile" would look almost free.
@@ -163,8 +164,11 @@ _ = table([{"timer stops at": "f(x) returned (no sync)", "best ms": min(unsynced
            {"timer stops at": "block_until_ready(f(x))", "best ms": min(synced) * 1e3, "median ms": float(np.median(synced)) * 1e3}])
 
 # %%
-_ = check("without block_until_ready the timer stops before the work is done (best time < 1/3 of the real one)",
-          min(unsynced) < min(synced) / 3)
+if min(synced) > 1e-3:  # the work takes far longer than queuing it (a CPU; a TPU does 4 GFLOP in ~20 µs)
+    _ = check("without block_until_ready the timer stops before the work is done (best time < 1/3 of the real one)",
+              min(unsynced) < min(synced) / 3)
+else:
+    print(f"the work took {min(synced) * 1e6:.0f} µs, as short as queuing it: no gap to see on this chip")
 
 # %% [markdown]
 # Without the sync you would "measure" a matmul chain running many times faster than the chip can
@@ -215,9 +219,11 @@ ids = m.tokenizer.apply_chat_template([{"role": "user", "content": "What is the 
 results = {"one 1024x1024 matmul": essentials.eager_vs_jit(lambda a: a @ a, w, repeats=3)}
 for n in (1, len(ids)):
     xs, ps = essentials.block_inputs(m.config, seq_len=n)
-    results[f"1 block, {n} token{'s' * (n > 1)}"] = essentials.eager_vs_jit(step, block_state, xs, ps, repeats=20)
+    results[f"1 block, {n} token{'s' * (n > 1)}"] = essentials.eager_vs_jit(step, block_state, xs, ps, repeats=20,
+                                                                          rtol=agreement_rtol(m.params))
 tokens, pos = essentials.prompt_inputs(ids)
-results[f"full model, {len(ids)} tokens"] = essentials.eager_vs_jit(essentials.forward_logits, m.params, tokens, pos)
+results[f"full model, {len(ids)} tokens"] = essentials.eager_vs_jit(essentials.forward_logits, m.params, tokens, pos,
+                                                                    rtol=agreement_rtol(m.params))
 _ = table([r.row(label) for label, r in results.items()], title=f"Measured here ({jax.default_backend()})")
 
 # %% tags=["nbval-ignore-output"]
@@ -244,7 +250,8 @@ plt.show()
 
 # %%
 one_token = results["1 block, 1 token"].speedup
-check("eager and jit compute the same outputs (matmul, block and full model)", all(r.same for r in results.values()))
+check("eager and jit compute the same outputs (matmul, block and full model)", all(r.same for r in results.values()),
+      f"the model's within {agreement_rtol(m.params):g} of the largest output, its {m.params.policy.dtype} tolerance")
 _ = check("jit is faster than eager on a one-token call", one_token > 2)
 
 # %% [markdown]

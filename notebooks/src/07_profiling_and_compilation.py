@@ -100,7 +100,7 @@ print(repr(golden["prompt"]), "->", repr(m.tokenizer.decode(native_tokens[0].tol
 # layers of 7 matmuls each, then the output head. Which single operation will take the most time?
 
 # %% tags=["nbval-ignore-output"]
-cache = jaxlab.init_cache(m.config, 1, CACHE)
+cache = jaxlab.init_cache(m.config, 1, CACHE, m.params.policy.jnp_dtype)
 tok, pos = jnp.array([prompt_ids[0]], jnp.int32), jnp.array([0], jnp.int32)
 logdir = trace(step, m.params, tok, pos, cache)
 for root, _, files in os.walk(logdir):
@@ -180,7 +180,15 @@ print({k: v for k, v in count_ops(hlo).items() if v})
 # `jaxlab.tools.profile.cost_analysis` asks XLA how much work the compiled program does: `flops` and
 # `bytes accessed` (every operation's inputs and outputs, summed). A decode step reads every weight
 # once, so the bytes should be about the size of the weights, and the FLOPs about 2 per parameter
-# (one multiply and one add per weight, for one token):
+# (one multiply and one add per weight, for one token). A second witness is the memory analysis
+# (`argument_bytes`, `output_bytes`: the buffers the program takes and gives back), which counts what the step
+# must move at least once.
+#
+# The two agree on a CPU in float32. They do not agree everywhere: in bfloat16 XLA:CPU converts the weights to
+# float32 inside the step, and its cost model then counts 5.2× the weight bytes and 1.6× the FLOPs; the v5e
+# program libtpu compiles for the same step (notebook 16) counts 3.9× and 1.5×, while its memory analysis stays at
+# 1.04× the weights. So the check below that holds on every backend is the memory analysis's; cost analysis's
+# bytes are a model to check before trusting (measured 2026-12-04 on this lab's CPU, with libtpu 0.0.42.1).
 
 # %% tags=["nbval-ignore-output"]
 cost_b1 = cost_analysis(step, m.params, tok, pos, cache)
@@ -190,10 +198,18 @@ print(f"FLOPs {cost_b1['flops'] / 1e9:.3f} G (2 x parameters = {2 * m.config.n_p
 
 # %%
 print(f"weights: {m.config.n_params() / 1e6:.1f} M parameters, {weight_bytes / 1e6:.0f} MB in {m.params.policy.dtype}")
-check("bytes accessed by one decode step within 20% of the weight bytes",
-      abs(cost_b1["bytes_accessed"] / weight_bytes - 1) < 0.2)
-check("FLOPs of one decode step within 20% of 2 x parameters",
-      abs(cost_b1["flops"] / (2 * m.config.n_params()) - 1) < 0.2)
+moved = cost_b1["argument_bytes"] + cost_b1["output_bytes"]  # memory analysis: what the step must read and write
+check("the step's arguments and outputs are the weights plus a little (within 20% of the weight bytes)",
+      abs(moved / weight_bytes - 1) < 0.2)
+if jax.default_backend() == "cpu" and m.params.policy.dtype == "float32":
+    check("bytes accessed by one decode step within 20% of the weight bytes",
+          abs(cost_b1["bytes_accessed"] / weight_bytes - 1) < 0.2)
+    check("FLOPs of one decode step within 20% of 2 x parameters",
+          abs(cost_b1["flops"] / (2 * m.config.n_params()) - 1) < 0.2)
+else:  # measured: XLA:CPU in bfloat16 5.2x and 1.6x (it converts the weights to float32); libtpu's v5e program 3.9x, 1.5x
+    print(f"cost analysis on {jax.default_backend()} in {m.params.policy.dtype}: bytes accessed "
+          f"{cost_b1['bytes_accessed'] / weight_bytes:.1f}x the weights, FLOPs {cost_b1['flops'] / (2 * m.config.n_params()):.2f}x "
+          "2 x parameters: this cost model counts more than the step must do")
 intensity_b1 = cost_b1["flops"] / cost_b1["bytes_accessed"]
 print("batch-1 decode: arithmetic intensity below 1 FLOP/byte:", "yes" if intensity_b1 < 1 else "no")
 
@@ -214,7 +230,7 @@ print("batch-1 decode: arithmetic intensity below 1 FLOP/byte:", "yes" if intens
 # left of the ridge (memory-bound) on this machine?
 
 # %% tags=["nbval-ignore-output"]
-roof = Roofline.measure(nbytes=1 << 28, n=1024, repeats=3)
+roof = Roofline.measure(nbytes=1 << 28, n=1024, repeats=3, dtype=m.params.policy.jnp_dtype)
 print(roof)
 
 # %% tags=["nbval-ignore-output"]
@@ -223,7 +239,7 @@ b32 = 32
 programs = {
     "decode, batch 1": (step, (m.params, tok, pos, cache)),
     "decode, batch 32": (step, (m.params, jnp.full((b32,), prompt_ids[0], jnp.int32), jnp.zeros((b32,), jnp.int32),
-                                jaxlab.init_cache(m.config, b32, CACHE))),
+                                jaxlab.init_cache(m.config, b32, CACHE, m.params.policy.jnp_dtype))),
     "prefill, 64 tokens": (prefill, (m.params, jnp.full((1, 64), prompt_ids[0], jnp.int32),
                                      jnp.arange(64, dtype=jnp.int32)[None], cache)),
 }

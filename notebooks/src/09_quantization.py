@@ -259,12 +259,19 @@ form_table = table(form_rows, title="One product [1, 576] x [576, 49152], measur
 f = {r["formulation"]: r for r in form_rows}
 check("formulations of one format compute the same product (relative difference below 1e-4)",
       all(r["differs from its format's first row"] < 1e-4 for r in form_rows))
-check(f"on this backend ({BACKEND}) int8 written as 'convert then float dot' is slower than float32", f["int8, convert then float dot"]["vs float32"] < 1)
-check(f"on this backend ({BACKEND}) the same int8 weights as two int8 rows: over 3x faster than 'convert then dot'",
-      f["int8, two int8 rows (jaxlab)"]["ms"] * 3 < f["int8, convert then float dot"]["ms"])
-check(f"on this backend ({BACKEND}) W8A8 with one activation row is over 3x slower than padded to two",
-      f["w8a8, one int8 row"]["ms"] > 3 * f["w8a8, padded to two rows (jaxlab)"]["ms"])
-ok = check(f"on this backend ({BACKEND}) int4 is slower than float32", f["int4, per-group int8 dots (jaxlab)"]["vs float32"] < 1)
+orderings = {  # found on XLA:CPU; another backend's kernels may order them otherwise, so there they are reported
+    "int8 written as 'convert then float dot' is slower than float32": f["int8, convert then float dot"]["vs float32"] < 1,
+    "the same int8 weights as two int8 rows: over 3x faster than 'convert then dot'":
+        f["int8, two int8 rows (jaxlab)"]["ms"] * 3 < f["int8, convert then float dot"]["ms"],
+    "W8A8 with one activation row is over 3x slower than padded to two":
+        f["w8a8, one int8 row"]["ms"] > 3 * f["w8a8, padded to two rows (jaxlab)"]["ms"],
+    "int4 is slower than float32": f["int4, per-group int8 dots (jaxlab)"]["vs float32"] < 1,
+}
+for claim, holds in orderings.items():
+    if BACKEND == "cpu":
+        check(f"on this backend ({BACKEND}) {claim}", holds)
+    else:
+        print(f"on {BACKEND}: {claim}: {'yes' if holds else 'no'} (an ordering XLA:CPU showed, measured here)")
 
 # %% [markdown]
 # What happened (`benchmarks/quant_formulations.py` repeats the experiment on the whole chain of the

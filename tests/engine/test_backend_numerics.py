@@ -236,3 +236,42 @@ def test_compare_greedy_exact_on_cpu_prefix_on_accelerators(golden):
     )
     with pytest.raises(ValueError, match="only 32 golden"):
         compare_greedy(want + [0], want)
+
+
+# -- the accelerator proxy: a TPU's numerics on this CPU ---------------------------------------------
+
+
+def test_the_accelerator_proxy_gives_a_tpus_numerics_and_criteria_on_the_cpu(monkeypatch):
+    from jaxlab.engine.model import PROXY_ENV, numerics_backend, proxy_backend
+    from jaxlab.lab.notebook import setup
+
+    monkeypatch.delenv(PROXY_ENV, raising=False)
+    assert proxy_backend() is None and numerics_backend() == "cpu"
+    assert backend_numerics()["dtype"] == "float32" and golden_criteria().exact
+    monkeypatch.setenv(PROXY_ENV, "TPU")
+    assert proxy_backend() == "tpu" and numerics_backend() == "tpu"
+    n = backend_numerics()
+    assert n["dtype"] == "bfloat16" and n["backend"] == "tpu" and "proxy" in n["reason"]
+    assert loading.resolve_dtype("auto") == "bfloat16" and loading.resolve_dtype("auto", quant="int8") == "float32"
+    assert not golden_criteria().exact and golden_criteria().backend == "tpu"
+    # asked about a named backend or device, the proxy stays out of it
+    assert backend_numerics("cpu")["dtype"] == "float32" and "proxy" not in backend_numerics("tpu")["reason"]
+    assert setup(compile_cache=False, quiet=True)["proxy"] == "tpu"
+
+
+def test_an_unknown_proxy_is_one_sentence(monkeypatch):
+    from jaxlab.engine.model import PROXY_ENV, proxy_backend
+
+    monkeypatch.setenv(PROXY_ENV, "gpu9")
+    with pytest.raises(ConfigError, match="JAXLAB_ACCELERATOR_PROXY='gpu9' is not a proxy this lab has; set it to tpu"):
+        proxy_backend()
+
+
+def test_agreement_tolerance_follows_the_compute_dtype():
+    from jaxlab.tools.reference import AGREEMENT_RTOL, agreement_rtol
+
+    params = init_params(tiny(), 0, default_policy("bfloat16"))
+    assert agreement_rtol(params) == AGREEMENT_RTOL["bfloat16"] == agreement_rtol(jnp.bfloat16) == 3e-2
+    assert agreement_rtol("float32") == 1e-4 == agreement_rtol(np.float32)
+    with pytest.raises(ValueError, match="no agreement tolerance for int8"):
+        agreement_rtol(jnp.int8)

