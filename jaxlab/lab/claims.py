@@ -406,6 +406,16 @@ CLAIMS: dict[str, Claim] = {
         at_most=0,
         steady=True,
     ),
+    # --- notebook 16 ---
+    "xla_compiles_tpu_kernels": Claim(
+        quote="XLA (Accelerated Linear Algebra) compiles JAX functions into efficient GPU/TPU kernels.",
+        source=OPERATORS,
+        measure="the lab's programs libtpu compiled for a TPU on this CPU (SmolLM2's decode step for v5e-1, the "
+        "three Pallas kernels through Mosaic, the tensor-parallel decode for v5e-8), as a fraction of those asked",
+        unit="",
+        at_least=1,
+        steady=True,
+    ),
 }
 
 

@@ -35,6 +35,7 @@ EXPECTED = [
     "08_parallelism",
     "09_quantization",
     "10_speculative_decoding",
+    "16_tpu_from_cpu",
 ]
 IGNORE_TAGS = {"nbval-ignore-output", "nbval-skip"}
 
