@@ -291,7 +291,7 @@ _ = check("its shipped reference equals our kernel on the padded shapes", float(
 #
 # Which GPU compiler: jax 0.10's Pallas has two GPU lowerings. **Mosaic GPU** is the default and targets Hopper (H100, H200) and later; **Triton** is chosen by passing Triton's compiler parameters, as these kernels do, and needs compute capability 8.0 (A100) or later. Colab's T4 (7.5) has neither: there `--attention pallas` keeps XLA's attention and a kernel called directly runs in interpret mode, each with a one-sentence note, instead of failing.
 #
-# Lowering is not compiling: a lowered TPU kernel can still be refused by Mosaic's compiler. `jaxlab compile --chip v5e-1` compiles with libtpu on this CPU; it is how we found that both attention kernels were refused in bfloat16 (a HIGHEST-precision matmul on bfloat16 operands), and why they now use DEFAULT precision below float32.
+# Lowering is not compiling: a lowered TPU kernel can still be refused by Mosaic's compiler. `jaxlab compile --chip v5e-1` compiles with libtpu on this CPU; it is how we found that both attention kernels were refused in bfloat16 (a HIGHEST-precision matmul on bfloat16 operands), and why they now use DEFAULT precision below float32. Notebook 16 compiles the three kernels for v5e (one `tpu_custom_call` each) and shows a block shape Mosaic refuses, in its own words.
 #
 # `kernels.lower(fn, platform, *shapes)` exports a function for a platform from this machine (the TPU lowering asks
 # for a device kind, so an abstract TPU v5e stands in). The kernel's custom call in the exported program is proof it
