@@ -139,6 +139,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--request-timeout", type=float, default=600.0, metavar="S", help="answer 504 after S seconds")
     s.add_argument("--served-model-name", default=None, metavar="NAME", help="the model's id in the API")
     s.add_argument("--grace", type=float, default=10.0, metavar="S", help="after SIGTERM, in-flight requests get S s")
+    s.add_argument(
+        "--allowed-hosts",
+        default="",
+        metavar="NAMES",
+        help="Host names answered besides localhost/127.0.0.1/::1 and --host, comma-separated ('*': any)",
+    )
+    s.add_argument("--cors", default="", metavar="ORIGINS", help="origins whose pages may call the server ('*': any)")
+    s.add_argument("--open-metrics", action="store_true", help="serve /metrics without the API key")
+    s.add_argument(
+        "--max-queue", type=int, default=256, metavar="N", help="requests admitted at once; more are answered 503"
+    )
+    s.add_argument("--body-timeout", type=float, default=10.0, metavar="S", help="answer 408 if a body takes > S s")
     model_opts(s)
 
     e = sub.add_parser("embed", help="sentence embeddings (all-MiniLM-L6-v2, 384 floats, unit length)")
@@ -484,14 +496,20 @@ def cmd_serve(args):
         context=args.context,
         host=args.host,
         port=args.port,
+        allowed_hosts=tuple(h for h in args.allowed_hosts.split(",") if h.strip()),
+        cors=tuple(o for o in args.cors.split(",") if o.strip()),
+        open_metrics=args.open_metrics,
+        max_queue=args.max_queue,
+        body_timeout=args.body_timeout,
     )
     m = _load(model)
     engine = _engine(model, m, slots=options.slots, context=min(options.context, m.config.max_seq_len))
     t0 = time.perf_counter()
     sys.stderr.write(
-        f"jaxlab serve: compiling the engine's programs ({len(engine.widths) * 4} shapes: prefill and decode, greedy and sampling)...\n"
+        f"jaxlab serve: compiling the engine's programs ({len(engine.widths) * 8} shapes: prefill and decode, greedy "
+        "and sampling, with and without top logprobs)...\n"
     )
-    engine.warmup(sampling=True)
+    engine.warmup(sampling=True, top_logprobs=True)  # a request never compiles on the engine's thread
     sys.stderr.write(f"jaxlab serve: compiled in {time.perf_counter() - t0:.1f} s\n")
     return serve(engine, options)
 

@@ -68,6 +68,10 @@ def serve(engine, options: ServeOptions, host: str | None = None, port: int | No
                     f"{engine.slots} slots, context {engine.context}; chat page at /"
                 )
 
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+    # proxy_headers off: X-Forwarded-For from loopback would name any client the sender likes (the rate limit is
+    # per client); behind a real proxy, put the limit in the proxy
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5, proxy_headers=False
+    )
     DrainingServer(config).run()
     return 0

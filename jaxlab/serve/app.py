@@ -4,8 +4,10 @@ Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/mo
 ``GET /metrics`` (Prometheus text) and the chat page at ``/``. Every error is a JSON body in OpenAI's shape
 with its status (:mod:`jaxlab.serve.protocol`); the server keeps serving after each.
 
-Limits, each checked before a request reaches the engine: the body size (413), the API key when one is set
-(401), a per-key rate limit when one is set (429 with ``Retry-After``), draining after SIGTERM (503). A request
+Limits, each checked before a request reaches the engine: the ``Host`` and ``Origin`` headers
+(:mod:`jaxlab.serve.hardening`: 400, 403), the body size (413), the API key when one is set (401; ``/metrics``
+too unless ``--open-metrics``; a client's wrong keys are throttled, 429), a per-client rate limit when one is set
+(429 with ``Retry-After``), draining after SIGTERM (503). A request
 that runs past the request timeout is aborted and answered 504 (the server gave up waiting for its own
 engine, the meaning of "gateway timeout"; 408 would blame the client). A client that disconnects has its
 request aborted: slot and pages free before the next step.
@@ -22,12 +24,14 @@ from importlib import resources
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from jaxlab.errors import InvalidRequestError
 from jaxlab.serve import protocol
+from jaxlab.serve.hardening import PAGE_HEADERS, Hardening, allowed_hosts
 from jaxlab.serve.metrics import Metrics
 from jaxlab.serve.protocol import ApiError
 from jaxlab.serve.worker import EngineWorker
@@ -52,17 +56,25 @@ class ServeOptions:
     context: int = 2048  # positions per request (the model's own context caps it)
     host: str = "127.0.0.1"
     port: int = 8000
+    allowed_hosts: tuple[str, ...] = ()  # --allowed-hosts: Host names answered besides loopback and host ("*": any)
+    cors: tuple[str, ...] = ()  # --cors: origins whose pages may call the server ("*": any)
+    open_metrics: bool = False  # --open-metrics: /metrics without the API key when keys are on
+    max_queue: int = 256  # --max-queue: requests admitted at once (running and waiting); more are answered 503
+    body_timeout: float = 10.0  # --body-timeout: seconds a client may take to send its body (408 after)
 
     def __post_init__(self):
         for flag, value in (
             ("--max-batch", self.slots),
             ("--context", self.context),
             ("--max-body-bytes", self.max_body_bytes),
+            ("--max-queue", self.max_queue),
         ):
             if value < 1:
                 raise InvalidRequestError(f"{flag} must be >= 1, got {value}")
         if not 0 < self.port < 65536:
             raise InvalidRequestError(f"--port must be in 1..65535, got {self.port}")
+        if not self.body_timeout > 0:
+            raise InvalidRequestError(f"--body-timeout must be > 0 seconds, got {self.body_timeout}")
         if self.rate_limit is not None and self.rate_limit <= 0:
             raise InvalidRequestError(f"--rate-limit must be > 0 requests per minute, got {self.rate_limit}")
 
@@ -78,22 +90,36 @@ def served_name(model) -> str:
 
 
 class RateLimiter:
-    """A token bucket per key: ``per_minute`` requests a minute, bursts up to that many."""
+    """A token bucket per key: ``per_minute`` requests a minute, bursts up to that many. At most ``max_keys``
+    buckets are kept, so a flood of new clients costs bounded memory: full buckets are dropped first (they hold
+    nothing a new one would not), else the least recently used."""
 
-    def __init__(self, per_minute: float):
+    def __init__(self, per_minute: float, max_keys: int = 10_000):
         self.per_minute, self.rate, self.capacity = per_minute, per_minute / 60.0, max(1.0, per_minute)
         self.buckets: dict[str, tuple[float, float]] = {}
+        self.max_keys = max_keys
 
     def take(self, key: str) -> float:
         """0 if the request may go, else the seconds until it may."""
         now = time.monotonic()
-        tokens, last = self.buckets.get(key, (self.capacity, now))
+        tokens, last = self.buckets.pop(key, (self.capacity, now))  # popped: re-inserted last, so the dict is by age
         tokens = min(self.capacity, tokens + (now - last) * self.rate)
+        if len(self.buckets) >= self.max_keys:
+            self._evict(now)
         if tokens >= 1:
             self.buckets[key] = (tokens - 1, now)
             return 0.0
         self.buckets[key] = (tokens, now)
         return (1 - tokens) / self.rate
+
+    def _evict(self, now: float) -> None:
+        full = [k for k, (t, last) in self.buckets.items() if t + (now - last) * self.rate >= self.capacity]
+        for k in full or [next(iter(self.buckets))]:
+            del self.buckets[k]
+
+
+#: Wrong API keys a client may send a minute before its failures are answered 429 (with keys on, always)
+FAILED_KEYS_PER_MINUTE = 10
 
 
 def error_response(e: ApiError) -> JSONResponse:
@@ -107,10 +133,14 @@ class Server:
         self.engine, self.options = engine, options
         self.tokenizer, self.config = engine.tokenizer, engine.config
         self.metrics = Metrics(engine)
-        self.worker = EngineWorker(engine, on_finish=self.metrics.finished, on_step=self.metrics.step)
+        self.worker = EngineWorker(
+            engine, on_finish=self.finished, on_step=self.metrics.step, on_change=self.metrics.gauges
+        )
         self.limiter = RateLimiter(options.rate_limit) if options.rate_limit else None
+        self.failures = RateLimiter(FAILED_KEYS_PER_MINUTE)  # wrong API keys, per client
         self.draining = False
         self.started = time.time()
+        self.admitted: set[str] = set()  # requests submitted and not yet answered (the queue --max-queue bounds)
 
     # ---- checks every request passes ---------------------------------------------------------------
 
@@ -118,21 +148,40 @@ class Server:
         auth = request.headers.get("authorization", "")
         return auth[7:].strip() if auth.lower().startswith("bearer ") else ""
 
-    def guard(self, request: Request) -> None:
-        if self.draining:
-            raise ApiError(503, "the server is shutting down: retry on another instance", type="unavailable")
-        if not self.worker.alive:
-            raise ApiError(503, f"the engine stopped ({self.worker.error!r}): restart the server", type="server_error")
+    def check_key(self, request: Request) -> tuple[str, str]:
+        """(the request's key, its client's address), or a 401 (429 after too many wrong keys from one client)."""
         key = self._key(request)
-        if self.options.api_key is not None and not hmac.compare_digest(key, self.options.api_key):
+        client = request.client.host if request.client else "?"  # the socket's peer: forwarded headers are off
+        # as bytes: compare_digest refuses str with non-ASCII characters (a header is read as latin-1)
+        if self.options.api_key is not None and not hmac.compare_digest(
+            key.encode("latin-1", "replace"), self.options.api_key.encode("utf-8")
+        ):
+            wait = self.failures.take(client)
+            if wait > 0:
+                raise ApiError(
+                    429,
+                    f"{FAILED_KEYS_PER_MINUTE:g} wrong API keys a minute from this client: retry in {wait:.1f} s",
+                    type="rate_limit_error",
+                    code="rate_limit_exceeded",
+                    headers={"Retry-After": str(max(1, int(wait + 0.999)))},
+                )
             raise ApiError(
                 401,
                 "missing or wrong API key: send 'Authorization: Bearer <key>' with the key the server was started with",
                 type="authentication_error",
                 code="invalid_api_key",
             )
+        return key, client
+
+    def guard(self, request: Request) -> None:
+        if self.draining:
+            raise ApiError(503, "the server is shutting down: retry on another instance", type="unavailable")
+        if not self.worker.alive:
+            raise ApiError(503, f"the engine stopped ({self.worker.error!r}): restart the server", type="server_error")
+        key, client = self.check_key(request)
         if self.limiter is not None:
-            who = key or (request.client.host if request.client else "?")
+            # the client, and with keys on the key too: a made-up token is not a new bucket without keys
+            who = f"{client} {key}" if self.options.api_key is not None else client
             wait = self.limiter.take(who)
             if wait > 0:
                 raise ApiError(
@@ -143,6 +192,24 @@ class Server:
                     headers={"Retry-After": str(max(1, int(wait + 0.999)))},
                 )
 
+    def finished(self, pending, reason: str) -> None:
+        """On the engine's thread, when a request ends: its metrics, and its place in the queue freed (also for a
+        stream whose handler never ran; ``set.discard`` is one atomic step)."""
+        self.metrics.finished(pending, reason)
+        self.admitted.discard(pending.request_id)
+
+    def admit(self) -> None:
+        """503 with ``Retry-After`` when ``--max-queue`` requests are already admitted."""
+        if len(self.admitted) >= self.options.max_queue:
+            raise ApiError(
+                503,
+                f"the server is full ({len(self.admitted)} requests admitted, --max-queue {self.options.max_queue}): "
+                "retry shortly",
+                type="unavailable",
+                code="overloaded",
+                headers={"Retry-After": "1"},
+            )
+
     async def body(self, request: Request) -> dict:
         limit = self.options.max_body_bytes
         declared = request.headers.get("content-length")
@@ -150,11 +217,25 @@ class Server:
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise too_big
         raw = bytearray()
-        async for part in request.stream():
-            raw += part
-            if len(raw) > limit:
-                raise too_big
-        return protocol.parse_json(bytes(raw))
+
+        async def read():
+            async for part in request.stream():
+                raw.extend(part)
+                if len(raw) > limit:
+                    raise too_big
+
+        try:
+            await asyncio.wait_for(read(), self.options.body_timeout)
+        except asyncio.TimeoutError:
+            raise ApiError(
+                408,
+                f"the request body did not arrive within {self.options.body_timeout:g} s: send it whole",
+                code="body_timeout",
+            ) from None
+        except ClientDisconnect:  # the client left mid-body: nobody reads the answer, nothing to log
+            raise ApiError(400, "the client disconnected while sending its body", code="client_disconnected") from None
+        # JSON and the prompt's tokens off the event loop: a large body does not stall other requests' streams
+        return await asyncio.to_thread(protocol.parse_json, bytes(raw))
 
     # ---- generation --------------------------------------------------------------------------------
 
@@ -169,6 +250,7 @@ class Server:
         )
 
     def submit(self, req: protocol.Request) -> asyncio.Queue:
+        self.admitted.add(req.id)
         self.metrics.started(req)
         return self.worker.submit(
             req.id,
@@ -210,12 +292,20 @@ class Server:
             return delta
 
     async def complete(self, req, request: Request) -> Response:
+        try:
+            return await self._complete(req, request)
+        finally:
+            self.admitted.discard(req.id)
+
+    async def _complete(self, req, request: Request) -> Response:
         out = self.submit(req)
         deadline = time.monotonic() + self.options.request_timeout
         text, pieces, values, tops = [], [], [], []
         while True:
             delta = await self.next_delta(req, out, request, deadline)
-            if delta is None:
+            # next_delta looks for a disconnect only while no token comes; tokens may come every step
+            if delta is None or (not delta.finished and await request.is_disconnected()):
+                self.worker.abort(req.id)
                 return Response(status_code=499)  # the client is gone; nobody reads this
             text.append(delta.text)
             if req.logprobs:
@@ -270,6 +360,7 @@ class Server:
                         break
                 yield "data: [DONE]\n\n"
             finally:
+                self.admitted.discard(req.id)
                 if not finished:  # a disconnect (the task is cancelled) or an error: free the slot and pages
                     self.worker.abort(req.id)
 
@@ -280,7 +371,10 @@ class Server:
         endpoint = "chat" if kind == "chat" else "completions"
         try:
             self.guard(request)
-            req = self.parse(await self.body(request), kind)
+            self.admit()
+            body = await self.body(request)
+            req = await asyncio.to_thread(self.parse, body, kind)
+            self.admit()  # again: others may have been admitted while this one's body arrived
             response = self.stream(req, request) if req.stream else await self.complete(req, request)
         except ApiError as e:
             self.metrics.request(endpoint, e.status)
@@ -315,10 +409,16 @@ def build_app(engine, options: ServeOptions | None = None) -> Starlette:
         return JSONResponse({"status": state, "in_flight": server.worker.in_flight}, status_code=200 if ok else 503)
 
     async def metrics(request):
+        if not options.open_metrics:  # behind the key when keys are on (--open-metrics: for a scraper without it)
+            try:
+                server.check_key(request)
+            except ApiError as e:
+                return error_response(e)
         return PlainTextResponse(server.metrics.render(), media_type="text/plain; version=0.0.4")
 
     async def page(request):
-        return HTMLResponse(resources.files("jaxlab.serve").joinpath("chat.html").read_text(encoding="utf-8"))
+        html = resources.files("jaxlab.serve").joinpath("chat.html").read_text(encoding="utf-8")
+        return HTMLResponse(html, headers=PAGE_HEADERS)
 
     async def http_error(request, exc: HTTPException):
         codes = {
@@ -353,6 +453,7 @@ def build_app(engine, options: ServeOptions | None = None) -> Starlette:
             Route("/", page, methods=["GET"]),
         ],
         exception_handlers={HTTPException: http_error, Exception: internal_error},
+        middleware=[Middleware(Hardening, hosts=allowed_hosts(options.host, options.allowed_hosts), cors=options.cors)],
         lifespan=lifespan,
     )
     app.state.server = server

@@ -20,7 +20,9 @@ class BackgroundServer:
 
         self.app = build_app(engine, options or ServeOptions())
         self.state = self.app.state.server
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level="warning"))
+        self.server = uvicorn.Server(
+            uvicorn.Config(self.app, host=host, port=port, log_level="warning", proxy_headers=False)
+        )
         self.thread = threading.Thread(target=self.server.run, name="jaxlab-serve", daemon=True)
         self.host, self.url = host, None
 

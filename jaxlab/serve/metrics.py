@@ -44,8 +44,11 @@ class Metrics:
         self.prompt_tokens.inc(len(req.prompt_ids))
 
     def step(self, engine) -> None:  # on the engine's thread, after each step
-        sched = engine.scheduler
         self.steps.inc()
+        self.gauges(engine)
+
+    def gauges(self, engine) -> None:  # on the engine's thread: after a step, and after submits and aborts
+        sched = engine.scheduler
         self.queue.set(len(sched.waiting))
         self.running.set(len(sched.running))
         self.occupancy.set(len(sched.running) / self.slots)

@@ -87,11 +87,28 @@ class Request:
     created: int = field(default_factory=lambda: int(time.time()))
 
 
+def shown(v: Any, limit: int = 60) -> str:
+    """A value from a request as an error message quotes it: JSON, cut to ``limit`` characters (a number's digits
+    counted), never an exception of its own (a value nested too deeply to write out)."""
+    try:
+        text = json.dumps(v)
+    except (RecursionError, ValueError):
+        return "a value nested too deeply to show"
+    if len(text) <= limit:
+        return text
+    what = f"{len(text)} digits" if isinstance(v, int) else f"{len(text)} characters"
+    return f"{text[: limit - 20]}... ({what})"
+
+
 def parse_json(raw: bytes) -> dict:
     try:
         body = json.loads(raw)
+    except RecursionError:
+        raise bad("the request body nests arrays or objects too deeply: send a flat JSON object") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise bad(f"the request body is not valid JSON ({e}): send a JSON object") from None
+    except ValueError:  # an integer literal past Python's digit limit (4300): no field takes such a number
+        raise bad("the request body holds a number of thousands of digits: send numbers in range") from None
     if not isinstance(body, dict):
         raise bad(f"the request body must be a JSON object, got {type(body).__name__}")
     return body
@@ -107,15 +124,15 @@ def _number(body, name, lo, hi, default, *, integer=False, lo_open=False, hi_ope
         or not isinstance(v, (int, float))
         or (integer and isinstance(v, float) and not v.is_integer())
     ):
-        raise bad(f"{name} must be {kind}, got {json.dumps(v)}", name)
-    if not math.isfinite(v):
+        raise bad(f"{name} must be {kind}, got {shown(v)}", name)
+    if isinstance(v, float) and not math.isfinite(v):  # an int is finite at any size (isfinite would overflow)
         raise bad(f"{name} must be finite, got {v}", name)
     low_ok = v > lo if lo_open else v >= lo
     high_ok = v < hi if hi_open else v <= hi
     if not (low_ok and high_ok):
         lb, hb = "(" if lo_open else "[", ")" if hi_open else "]"
         where = f">= {lo}" if hi >= 10**9 else f"in {lb}{lo}, {hi}{hb}"
-        raise bad(f"{name} must be {where}, got {v}", name)
+        raise bad(f"{name} must be {where}, got {shown(v)}", name)
     return int(v) if integer else float(v)
 
 
@@ -124,7 +141,7 @@ def _bool(body, name, default=False) -> bool:
     if v is None:
         return default
     if not isinstance(v, bool):
-        raise bad(f"{name} must be true or false, got {json.dumps(v)}", name)
+        raise bad(f"{name} must be true or false, got {shown(v)}", name)
     return v
 
 
@@ -132,7 +149,7 @@ def _check_fields(body: dict, known: set[str]) -> None:
     for name, offs in UNSUPPORTED_AT_DEFAULT.items():
         if name in body and body[name] not in offs:
             raise bad(
-                f"{name}={json.dumps(body[name])} is not supported by this server; leave it out "
+                f"{name}={shown(body[name])} is not supported by this server; leave it out "
                 f"(or give its default {json.dumps(offs[0])})",
                 name,
                 "unsupported_parameter",
@@ -187,7 +204,7 @@ def _messages(body) -> list[dict]:
             raise bad(f"messages[{i}] must be an object with role and content", "messages")
         role, content = m.get("role"), m.get("content")
         if role not in ("system", "developer", "user", "assistant"):
-            raise bad(f"messages[{i}].role must be system, user or assistant, got {json.dumps(role)}", "messages")
+            raise bad(f"messages[{i}].role must be system, user or assistant, got {shown(role)}", "messages")
         if isinstance(content, list):  # content parts: text only
             parts = []
             for p in content:
@@ -196,7 +213,7 @@ def _messages(body) -> list[dict]:
                 parts.append(p["text"])
             content = "".join(parts)
         if not isinstance(content, str):
-            raise bad(f"messages[{i}].content must be a string, got {json.dumps(content)}", "messages")
+            raise bad(f"messages[{i}].content must be a string, got {shown(content)}", "messages")
         extra = sorted(set(m) - {"role", "content", "name"})
         if extra:
             raise bad(f"messages[{i}] has an unsupported field {extra[0]!r}", "messages")
@@ -209,7 +226,7 @@ def parse_request(body: dict, kind: str, *, model_name: str, tokenizer, context:
     _check_fields(body, CHAT_FIELDS if kind == "chat" else COMPLETION_FIELDS)
     model = body.get("model", model_name)
     if not isinstance(model, str):
-        raise bad(f"model must be a string, got {json.dumps(model)}", "model")
+        raise bad(f"model must be a string, got {shown(model)}", "model")
     if model != model_name:
         raise ApiError(
             404,

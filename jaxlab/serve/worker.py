@@ -48,11 +48,12 @@ class _Pending:
 
 class EngineWorker:
     """Runs ``engine.step()`` on its own thread while there is work; carries out submits and aborts between
-    steps. ``on_finish(pending)`` (optional) is called on the engine thread when a request ends: metrics."""
+    steps. ``on_finish(pending)`` (optional) is called on the engine thread when a request ends, ``on_step(engine)``
+    after each step and ``on_change(engine)`` after submits and aborts were carried out between steps: metrics."""
 
-    def __init__(self, engine: Engine, on_finish=None, on_step=None):
+    def __init__(self, engine: Engine, on_finish=None, on_step=None, on_change=None):
         self.engine = engine
-        self.on_finish, self.on_step = on_finish, on_step
+        self.on_finish, self.on_step, self.on_change = on_finish, on_step, on_change
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -72,6 +73,8 @@ class EngineWorker:
         p = _Pending(request_id, dict(kwargs, prompt_ids=list(prompt_ids)), loop, asyncio.Queue())
         self._inbox.put(("add", p))
         self._wake.set()
+        if self.error is not None:  # the engine stopped while this was being sent: fail it now, not at the timeout
+            self._fail_inbox()
         return p.out
 
     def abort(self, request_id: str) -> None:
@@ -134,12 +137,16 @@ class EngineWorker:
         between steps, run one step of the whole batch, hand each request its new tokens."""
         try:
             while not self._stopping.is_set():
+                changed = False
                 while True:
                     try:
                         kind, item = self._inbox.get_nowait()
                     except queue.Empty:
                         break
                     self._handle(kind, item)
+                    changed = True
+                if changed and self.on_change is not None:  # an abort frees a slot now, not at the next step
+                    self.on_change(self.engine)
                 if not self.engine.has_work:
                     self._wake.wait(0.5)
                     self._wake.clear()
@@ -169,6 +176,19 @@ class EngineWorker:
         except BaseException as e:  # a bug: every waiting request learns of it instead of hanging
             self.error = e
             for p in list(self._pending.values()):
-                stopped = f"the engine stopped: {type(e).__name__}: {e}"
-                self._send(p, Delta("", [], [], True, "error", error=stopped, status=500))
+                self._send(p, self._stopped())
             self._pending.clear()
+            self._fail_inbox()  # and so do the requests sent but not yet taken
+
+    def _stopped(self) -> Delta:
+        e = self.error
+        return Delta("", [], [], True, "error", error=f"the engine stopped: {type(e).__name__}: {e}", status=500)
+
+    def _fail_inbox(self) -> None:
+        while True:
+            try:
+                kind, item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                self._send(item, self._stopped())

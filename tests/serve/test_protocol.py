@@ -133,6 +133,44 @@ def test_bodies_that_are_not_a_json_object(raw):
     assert e.value.status == 400
 
 
+@pytest.mark.parametrize(
+    "raw, words",
+    [
+        (b"[" * 10_000 + b"]" * 10_000, "nests arrays or objects too deeply"),
+        (b'{"messages": ' + b"[" * 10_000 + b"]" * 10_000 + b"}", "nests arrays or objects too deeply"),
+        (b'{"seed": ' + b"9" * 5_000 + b"}", "a number of thousands of digits"),
+    ],
+)
+def test_hostile_bodies_are_a_400_that_says_why(raw, words):
+    with pytest.raises(ApiError, match=words) as e:
+        parse_json(raw)
+    assert e.value.status == 400
+
+
+@pytest.mark.parametrize("name", ["max_tokens", "temperature", "seed", "top_k"])
+def test_an_integer_of_hundreds_of_digits_is_out_of_range_not_an_overflow(name):
+    body = parse_json(b'{"messages": [{"role": "user", "content": "hi"}], "%s": %s}' % (name.encode(), b"7" * 400))
+    with pytest.raises(ApiError, match=rf"{name} must be .*got 7{{40}}\.\.\. \(400 digits\)") as e:
+        parse(body)
+    assert e.value.status == 400 and len(e.value.message) < 200
+
+
+def test_quoted_values_are_short_and_never_raise():
+    assert protocol.shown("x" * 1000).endswith("(1002 characters)") and len(protocol.shown("x" * 1000)) < 80
+    deep = []
+    for _ in range(5000):
+        deep = [deep]
+    assert protocol.shown(deep) == "a value nested too deeply to show"
+    for _ in range(5000):
+        deep = {"a": deep}
+    with pytest.raises(ApiError, match="messages.0..content must be a string, got a value nested too deeply"):
+        parse({"messages": [{"role": "user", "content": deep}]})
+
+
+def test_a_lone_surrogate_in_a_completion_prompt_is_sanitized():
+    assert parse({"prompt": "a\ud800b"}, "completion").prompt_ids == FakeTokenizer().encode("a\ufffdb")
+
+
 def test_rate_limiter_refills_over_time(monkeypatch):
     import jaxlab.serve.app as app
 
@@ -145,6 +183,21 @@ def test_rate_limiter_refills_over_time(monkeypatch):
     assert lim.take("b") == 0  # per key
     now[0] += 30.0
     assert lim.take("a") == 0
+
+
+def test_rate_limiter_keeps_bounded_state(monkeypatch):
+    import jaxlab.serve.app as app
+
+    now = [0.0]
+    monkeypatch.setattr(app.time, "monotonic", lambda: now[0])
+    limiter = RateLimiter(1, max_keys=3)
+    assert limiter.take("a") == 0 and limiter.take("a") > 0  # "a" is throttled
+    for i in range(50):
+        limiter.take(f"new{i}")
+        assert len(limiter.buckets) <= 3
+    now[0] = 120.0  # every bucket has refilled: the next new client drops all the full ones
+    limiter.take("late")
+    assert list(limiter.buckets) == ["late"]
 
 
 def test_response_shapes():

@@ -36,7 +36,7 @@ def live(small_model):
     from jaxlab.serve import BackgroundServer, ServeOptions
 
     engine = Engine(small_model.params, small_model.tokenizer, slots=SLOTS, context=CONTEXT)
-    engine.warmup(sampling=True)
+    engine.warmup(sampling=True, top_logprobs=True)  # as jaxlab serve does: no request compiles on the engine thread
     with BackgroundServer(engine, ServeOptions(model_name="smollm2-135m")) as bg:
         yield bg.url, bg.state
 
@@ -142,7 +142,9 @@ def test_completions_and_models(client, live, small_model):
     assert [max(t, key=t.get) for t in tops] == lp.choices[0].logprobs.tokens  # greedy: the most likely
 
 
-def test_chat_top_logprobs(client):
+def test_chat_top_logprobs(client, live):
+    programs = live[1].engine.programs
+    compiled = len(programs)
     r = client.chat.completions.create(
         model="smollm2-135m",
         messages=[{"role": "user", "content": QUESTIONS[0]}],
@@ -157,6 +159,7 @@ def test_chat_top_logprobs(client):
         assert len(c.top_logprobs) == 3 and c.top_logprobs[0].token == c.token
         assert c.top_logprobs[0].logprob == pytest.approx(c.logprob, abs=1e-6)
         assert c.top_logprobs[0].logprob >= c.top_logprobs[1].logprob >= c.top_logprobs[2].logprob
+    assert len(programs) == compiled, "a top_logprobs request compiled on the engine's thread, stalling every stream"
 
 
 def test_sampling_is_seeded(client):
@@ -220,14 +223,38 @@ def test_api_key_and_rate_limit(live):
             assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
             key = {"Authorization": "Bearer sesame"}
             assert http.post("/v1/chat/completions", json=body, headers=key).status_code == 200
+            assert http.get("/metrics").status_code == 401 and http.get("/metrics", headers=key).status_code == 200
+            server.options.open_metrics = True  # what --open-metrics gives a scraper without the key
+            assert http.get("/metrics").status_code == 200
+            server.options.open_metrics = False
+            # a key outside ASCII is a wrong key (401), on POST and GET, not a 500 from the comparison
+            odd = {"Authorization": b"Bearer s\xc3\xa9same"}
+            assert http.post("/v1/chat/completions", json=body, headers=odd).status_code == 401
+            assert http.get("/v1/models", headers=odd).status_code == 401
+            server.options.api_key = "s\u00e9same"  # and a server key outside ASCII matches its UTF-8 bytes
+            assert http.post("/v1/chat/completions", json=body, headers=odd).status_code == 200
+            server.options.api_key = "sesame"
             server.limiter = RateLimiter(2)  # 2 a minute per key
             codes = [http.post("/v1/chat/completions", json=body, headers=key).status_code for _ in range(3)]
             assert codes == [200, 200, 429]
             r = http.post("/v1/chat/completions", json=body, headers=key)
             assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
             assert r.json()["error"]["type"] == "rate_limit_error"
+            # wrong keys are throttled per client, whatever keys it makes up
+            server.failures = RateLimiter(2)
+            codes = [
+                http.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer guess{i}"}).status_code
+                for i in range(3)
+            ]
+            assert codes == [401, 401, 429]
+            # without keys, the limit is the client's: neither a made-up token nor X-Forwarded-For is a new bucket
+            server.options.api_key, server.limiter = None, RateLimiter(2)
+            heads = [{"Authorization": "Bearer a"}, {"Authorization": "Bearer b"}, {"X-Forwarded-For": "10.9.8.7"}]
+            codes = [http.post("/v1/chat/completions", json=body, headers=h).status_code for h in heads]
+            assert codes == [200, 200, 429]
     finally:
         server.options.api_key, server.limiter = None, None
+        server.failures = RateLimiter(10)
 
 
 def test_timeout_and_disconnect_free_the_slot(live):
@@ -249,6 +276,11 @@ def test_timeout_and_disconnect_free_the_slot(live):
                 if '"content"' in line:
                     break  # the first token arrived: hang up
     assert wait_idle(server), "a disconnected stream still holds its slot or pages"
+    # a client that is not streaming and gives up is aborted too, within a step, not at its last token
+    with httpx.Client(base_url=base, timeout=1.0) as http:
+        with pytest.raises(httpx.ReadTimeout):
+            http.post("/v1/chat/completions", json=dict(body, max_tokens=CONTEXT - 40))
+    assert wait_idle(server, seconds=1.5), "a disconnected non-streaming request still holds its slot or pages"
     metrics = httpx.get(base + "/metrics").text
     assert 'jaxlab_finished_total{reason="abort"}' in metrics
 
@@ -269,10 +301,51 @@ def test_metrics_are_prometheus_text(live, client):
         assert name in text, name
 
 
+def test_a_full_queue_is_a_503_and_a_slow_body_a_408(live):
+    import socket
+
+    base, server = live
+    body = {"messages": [{"role": "user", "content": "Count to a hundred."}], "max_tokens": 60, "ignore_eos": True}
+    queue, slow = server.options.max_queue, server.options.body_timeout
+    server.options.max_queue, server.options.body_timeout = 1, 0.5
+    try:
+        with httpx.Client(base_url=base, timeout=30) as http:
+            with http.stream("POST", "/v1/chat/completions", json=dict(body, stream=True)) as first:
+                assert first.status_code == 200
+                next(first.iter_lines())  # admitted and running
+                r = http.post("/v1/chat/completions", json=body)
+                assert r.status_code == 503 and r.headers["retry-after"] == "1"
+                assert r.json()["error"]["code"] == "overloaded"
+        host, port = base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:  # half a body, then nothing
+            head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            sock.sendall((head + "Content-Length: 100\r\n\r\n" + '{"messages": [').encode())
+            t0, answer = time.monotonic(), b""
+            while b"body_timeout" not in answer and (part := sock.recv(4096)):
+                answer += part
+            assert answer.startswith(b"HTTP/1.1 408") and b"body_timeout" in answer and time.monotonic() - t0 < 5
+    finally:
+        server.options.max_queue, server.options.body_timeout = queue, slow
+    assert wait_idle(server), "the overload test left a request holding a slot"
+
+
 def test_chat_page_is_served(live):
     r = httpx.get(live[0] + "/")
     assert r.status_code == 200 and "text/html" in r.headers["content-type"]
     assert "/v1/chat/completions" in r.text and "tokens/s" in r.text
+    # its own policy: no page may frame it, its script talks to this server only
+    assert "frame-ancestors 'none'" in r.headers["content-security-policy"] and r.headers["x-frame-options"] == "DENY"
+    assert r.headers["x-content-type-options"] == "nosniff"
+    # a page elsewhere cannot make a key-less server generate, nor reach it through a rebound name
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    evil = httpx.post(
+        live[0] + "/v1/chat/completions",
+        content=json.dumps(body),
+        headers={"Content-Type": "text/plain", "Origin": "http://attacker.example"},
+    )
+    assert evil.status_code == 403 and evil.json()["error"]["code"] == "cross_origin_refused"
+    rebound = httpx.get(live[0] + "/v1/models", headers={"Host": "attacker.example"})
+    assert rebound.status_code == 400 and rebound.json()["error"]["code"] == "host_not_allowed"
 
 
 def test_chat_page_in_a_real_browser(live, generated, tmp_path):
@@ -377,6 +450,69 @@ def test_64_concurrent_streams_each_equal_to_the_request_alone(live, small_model
         f"p99 {ttft[int(0.99 * (len(ttft) - 1))]:.2f} s, {tokens / wall:.1f} output tokens/s ({tokens} in {wall:.1f} s)"
     )
     assert wait_idle(server)
+
+
+def gauge(text: str, name: str) -> float:
+    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
+
+
+def test_health_holds_and_the_gauges_return_to_zero_under_abuse(live):
+    """64 clients at once, a third of them hanging up (streaming or not), beside a flood of malformed requests and a
+    /health poller: /health answers within a second throughout, every bad request is a 4xx, and when it is over
+    /metrics shows nothing running and no page held within a second, and the server still answers."""
+    base, server = live
+    body = {"messages": [{"role": "user", "content": "Count to a hundred."}], "max_tokens": 24, "ignore_eos": True}
+    bad = [b"{", b"[" * 5000 + b"]" * 5000, b'{"seed": ' + b"9" * 5000 + b"}", b'{"max_tokens": 1e999}', b"\xff"]
+
+    async def run():
+        health, bad_codes, done = [], [], asyncio.Event()
+        async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+
+            async def client(i):
+                if i % 3 == 0 and i % 2 == 0:  # a streaming client that hangs up after its first token
+                    async with http.stream("POST", "/v1/chat/completions", json=dict(body, stream=True)) as r:
+                        async for line in r.aiter_lines():
+                            if '"content"' in line:
+                                return
+                elif i % 3 == 0:  # a non-streaming client that gives up
+                    with pytest.raises(httpx.ReadTimeout):
+                        await http.post("/v1/chat/completions", json=body, timeout=0.3)
+                else:
+                    r = await http.post("/v1/chat/completions", json=dict(body, stream=i % 2 == 0))
+                    assert r.status_code == 200
+
+            async def flood():
+                for i in range(200):
+                    r = await http.post("/v1/chat/completions", content=bad[i % len(bad)])
+                    bad_codes.append(r.status_code)
+
+            async def poll():
+                while not done.is_set():
+                    t0 = time.perf_counter()
+                    assert (await http.get("/health")).status_code == 200
+                    health.append(time.perf_counter() - t0)
+                    await asyncio.sleep(0.05)
+
+            poller = asyncio.create_task(poll())
+            await asyncio.gather(flood(), *(client(i) for i in range(64)))
+            done.set()
+            await poller
+        return health, bad_codes
+
+    health, bad_codes = asyncio.run(run())
+    health.sort()
+    assert len(health) > 10 and health[int(0.99 * (len(health) - 1))] < 1.0, f"/health p99 {health[-1]:.2f} s"
+    assert bad_codes and all(400 <= c < 500 for c in bad_codes), sorted(set(bad_codes))
+    end = time.monotonic() + 1.0
+    while True:
+        text = httpx.get(base + "/metrics").text
+        idle = gauge(text, "jaxlab_running_requests") == 0 and gauge(text, "jaxlab_kv_pages_used") == 0
+        if idle or time.monotonic() > end:
+            break
+        time.sleep(0.05)
+    assert idle, "after the clients left, /metrics still shows requests running or pages held"
+    ok = httpx.post(base + "/v1/chat/completions", json=dict(body, max_tokens=2), timeout=30)
+    assert ok.status_code == 200
 
 
 def test_sigterm_drains_then_stops(tmp_path):

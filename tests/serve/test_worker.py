@@ -32,3 +32,81 @@ def test_refused_and_broken_requests_get_their_status_and_the_thread_goes_on():
     assert (refused.finished, refused.status, refused.reason) == (True, 400, "error") and "pages" in refused.error
     assert (broken.status, broken.error) == (500, "RuntimeError: a bug")
     assert alive and in_flight == 0
+
+
+class CrashingEngine:
+    """Takes requests; its first step waits for ``release`` and then raises, as a bug in a step would."""
+
+    def __init__(self):
+        import threading
+
+        self.release, self.stepping, self.added = threading.Event(), threading.Event(), []
+
+    @property
+    def has_work(self):
+        return bool(self.added)
+
+    def add_request(self, request_id, prompt_ids, **kwargs):
+        self.added.append(request_id)
+        return object()
+
+    def step(self):
+        self.stepping.set()
+        self.release.wait(10)
+        raise RuntimeError("a bug in the step")
+
+
+def test_a_crash_fails_the_running_the_queued_and_the_later_requests_at_once():
+    async def main():
+        engine = CrashingEngine()
+        worker = EngineWorker(engine).start()
+        try:
+            running = worker.submit("a", [1])
+            await asyncio.get_running_loop().run_in_executor(None, engine.stepping.wait, 10)
+            queued = worker.submit("b", [1])  # sent while the step runs: still in the inbox when it crashes
+            engine.release.set()
+            got = [await asyncio.wait_for(q.get(), 5) for q in (running, queued)]
+            later = await asyncio.wait_for(worker.submit("c", [1]).get(), 5)  # sent after: answered at once
+            return got + [later], worker.alive
+        finally:
+            worker.stop()
+
+    deltas, alive = asyncio.run(main())
+    assert not alive
+    for d in deltas:
+        assert (d.finished, d.status) == (
+            True,
+            500,
+        ) and d.error == "the engine stopped: RuntimeError: a bug in the step"
+
+
+class IdleEngine:
+    has_work = False
+
+    def __init__(self):
+        self.aborted = []
+
+    def add_request(self, request_id, prompt_ids, **kwargs):
+        return object()
+
+    def abort(self, request_id):
+        self.aborted.append(request_id)
+        return True
+
+
+def test_an_abort_updates_the_gauges_without_waiting_for_a_step():
+    changes = []
+
+    async def main():
+        engine = IdleEngine()
+        worker = EngineWorker(engine, on_change=changes.append).start()
+        try:
+            out = worker.submit("a", [1])
+            worker.abort("a")
+            return await asyncio.wait_for(out.get(), 5), engine
+        finally:
+            worker.stop()
+
+    delta, engine = asyncio.run(main())
+    assert (delta.finished, delta.reason) == (True, "abort") and engine.aborted == ["a"]
+    assert changes and all(c is engine for c in changes)  # the metrics' gauges were refreshed with no step run
