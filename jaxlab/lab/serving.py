@@ -14,16 +14,20 @@ GAUGES = ("jaxlab_batch_occupancy", "jaxlab_running_requests", "jaxlab_queue_len
 
 
 def scrape(url: str, key: str | None = None) -> dict[str, float]:
-    """``GET url/metrics``, parsed by prometheus_client's own text parser: {sample name (with labels): value}."""
+    """``GET url/metrics``, parsed by prometheus_client's own text parser: {sample name (with labels): value}.
+    ``key``: the server's API key (with keys on, ``/metrics`` asks for it too, unless ``--open-metrics``)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     u = urlsplit(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
     try:
         conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {key}"} if key else {})
-        text = conn.getresponse().read().decode()
+        response = conn.getresponse()
+        text = response.read().decode()
     finally:
         conn.close()
+    if response.status != 200:
+        raise RuntimeError(f"GET /metrics answered {response.status}: {text[:200]} (with keys on, pass key=)")
     out = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -36,15 +40,20 @@ class MetricsSampler:
     """Scrapes ``/metrics`` every ``every`` seconds on a thread while the ``with`` block runs; ``samples`` is a
     list of (seconds since the start, {gauge: value}) for the gauges in :data:`GAUGES`."""
 
-    def __init__(self, url: str, every: float = 0.05):
-        self.url, self.every = url, every
+    def __init__(self, url: str, every: float = 0.05, key: str | None = None):
+        self.url, self.every, self.key = url, every, key
         self.samples: list[tuple[float, dict[str, float]]] = []
+        self.error: Exception | None = None  # what stopped the scraping, raised when the block ends
         self._stop = threading.Event()
         self.t0 = 0.0
 
     def _run(self):
         while not self._stop.is_set():
-            values = scrape(self.url)
+            try:
+                values = scrape(self.url, self.key)
+            except Exception as e:  # told when the block ends, not lost with this thread
+                self.error = e
+                return
             self.samples.append((time.perf_counter() - self.t0, {g: values.get(g, 0.0) for g in GAUGES}))
             self._stop.wait(self.every)
 
@@ -57,6 +66,8 @@ class MetricsSampler:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join(5)
+        if self.error is not None and exc[0] is None:
+            raise self.error
 
     def series(self, gauge: str) -> tuple[list[float], list[float]]:
         return [t for t, _ in self.samples], [v[gauge] for _, v in self.samples]

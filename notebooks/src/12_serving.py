@@ -202,7 +202,7 @@ def stream_one(i, t0, out):
 
 
 crowd = [None] * 16
-with serving.MetricsSampler(server.url, every=0.05) as sampler:
+with serving.MetricsSampler(server.url, every=0.05, key=KEY) as sampler:
     t0 = time.perf_counter()
     threads = [threading.Thread(target=stream_one, args=(i, t0, crowd)) for i in range(16)]
     for t in threads:
@@ -289,9 +289,9 @@ cases = [
 ]
 rows, handled = [], 0
 for name, want, kw in cases:
-    before = serving.scrape(server.url)["jaxlab_prompt_tokens_total"]
+    before = serving.scrape(server.url, key=KEY)["jaxlab_prompt_tokens_total"]
     status, _, err = call("POST", "/v1/chat/completions", **kw)
-    reached = serving.scrape(server.url)["jaxlab_prompt_tokens_total"] - before
+    reached = serving.scrape(server.url, key=KEY)["jaxlab_prompt_tokens_total"] - before
     health, _, _ = call("GET", "/health")
     handled += status == want and reached == 0 and health == 200
     rows.append({"case": name, "expected": want, "got": status, "model tokens": int(reached), "health": health,

@@ -74,6 +74,8 @@ def test_scrape_parses_the_servers_metrics(monkeypatch):
 
         def getresponse(self):
             class R:
+                status = 200
+
                 def read(self):
                     return text.encode()
 
