@@ -171,3 +171,35 @@ def test_the_server_still_answers_and_holds_nothing(http):
     assert ok.status_code == 200 and ok.json()["choices"][0]["text"] == "f"
     server = http.app.state.server
     assert not server.admitted and server.worker.in_flight == 0
+
+
+class HangingEngine(InstantEngine):
+    """Its step blocks until released: an engine stuck in a step (a hang injected through the engine interface)."""
+
+    def __init__(self):
+        import threading
+
+        super().__init__()
+        self.release = threading.Event()
+
+    def step(self):
+        self.release.wait(30)
+        return super().step()
+
+
+def test_a_hanging_engine_costs_a_504_and_the_server_keeps_answering():
+    from starlette.testclient import TestClient
+
+    from jaxlab.serve import ServeOptions
+    from jaxlab.serve.app import build_app
+
+    engine = HangingEngine()
+    app = build_app(engine, ServeOptions(model_name="m", request_timeout=0.5))
+    with TestClient(app, base_url="http://127.0.0.1:8000") as http:
+        try:
+            r = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})
+            assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
+            assert http.get("/health").json()["status"] == "ok"  # the event loop is not the engine's thread
+            assert http.get("/v1/models").status_code == 200
+        finally:
+            engine.release.set()
