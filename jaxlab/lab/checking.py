@@ -6,8 +6,9 @@ order, in a fresh namespace (the exercise modules ``nbNN``, and the model as ``m
 reports each ``nbNN.check_*`` call: PASS or FAIL with the checker's reason. It exits 0 only when every check
 passes, so an untouched copy (every exercise still ``raise NotImplementedError``) fails.
 
-Only the Exercises section runs: the measurements above it are not repeated, and a cell there that raises is
-reported as one line and the next cell runs.
+Only the Exercises section runs, after the notebook's own imports (every ``import`` and ``from ... import`` of
+the cells above it, so an answer may use ``jnp``, ``np``, ``jax`` or ``jaxlab`` as it did in the notebook): the
+measurements above it are not repeated, and a cell that raises is reported as one line and the next cell runs.
 """
 
 from __future__ import annotations
@@ -54,23 +55,40 @@ def find_notebook(number: str, given: Path | None = None, where: Path | None = N
     raise JaxlabError(f"no {nn}_*.ipynb here or in notebooks/: give the notebook's path, `jaxlab check {nn} FILE`")
 
 
-def exercise_cells(path: Path) -> list[str]:
-    """The sources of the code cells after the notebook's Exercises heading."""
+def _cells(path: Path) -> tuple[list[dict], int]:
+    """The notebook's cells, and the index of its Exercises heading."""
     try:
         cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
         raise JaxlabError(
             f"{path}: not a readable notebook ({type(e).__name__}); save it from Jupyter and retry"
         ) from None
-
-    def text(c):
-        s = c.get("source", "")
-        return s if isinstance(s, str) else "".join(s)
-
-    start = next((i for i, c in enumerate(cells) if c.get("cell_type") == "markdown" and SECTION in text(c)), None)
+    start = next((i for i, c in enumerate(cells) if c.get("cell_type") == "markdown" and SECTION in _text(c)), None)
     if start is None:
         raise JaxlabError(f"{path}: no '{SECTION}' section: is this one of the lab's notebooks?")
-    return [text(c) for c in cells[start:] if c.get("cell_type") == "code" and text(c).strip()]
+    return cells, start
+
+
+def _text(c: dict) -> str:
+    s = c.get("source", "")
+    return s if isinstance(s, str) else "".join(s)
+
+
+def exercise_cells(path: Path) -> list[str]:
+    """The sources of the code cells after the notebook's Exercises heading."""
+    cells, start = _cells(path)
+    return [_text(c) for c in cells[start:] if c.get("cell_type") == "code" and _text(c).strip()]
+
+
+def notebook_imports(path: Path) -> str:
+    """Every top-level ``import`` / ``from ... import`` of the code cells above the Exercises heading, as one
+    source: what the student's kernel had imported when they wrote their answers."""
+    cells, start = _cells(path)
+    found = []
+    for c in cells[:start]:
+        tree = _parse(_text(c)) if c.get("cell_type") == "code" else None
+        found += [ast.unparse(n) for n in (tree.body if tree else []) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    return "\n".join(dict.fromkeys(found))
 
 
 def exercise_modules():
@@ -116,8 +134,11 @@ def recording(modules, results: list):
             setattr(mod, name, fn)
 
 
-def namespace(number: str, sources: list[str], modules) -> dict:
+def namespace(number: str, sources: list[str], modules, imports: str = "") -> dict:
     ns = {"__name__": "__main__", **modules, "ex": modules.get(f"nb{number}")}
+    if imports:
+        exec(compile(imports, "<the notebook's imports>", "exec"), ns)
+        ns.update({k: v for k, v in modules.items()})  # the exercise modules win over a same-named import
     used = {
         n.id
         for s in sources
@@ -146,7 +167,10 @@ def check_notebook(number: str, path: Path, out) -> int:
         raise JaxlabError(f"notebook {nn} has no exercise checks in this jaxlab")
     results: list = []
     problems = []
-    ns = namespace(nn, sources, modules)
+    try:
+        ns = namespace(nn, sources, modules, notebook_imports(path))
+    except Exception as e:  # an import of the notebook's that this environment lacks
+        raise JaxlabError(f"{path}: running the notebook's imports raised {type(e).__name__}: {e}") from None
     out.write(f"checking the exercises of {path}\n")
     with recording(modules, results):
         for i, src in enumerate(sources, 1):

@@ -33,3 +33,4 @@ def scale_logits_cond(logits, temperature):
 # float32), scale=3 compiles (static value), scale=3 again reuses it, f(3.0) compiles (a weakly
 # typed float32 scalar: a new shape), f(4.0) reuses it.
 COMPILE_COUNT = 5
+my_answer = COMPILE_COUNT  # the notebook's name for it

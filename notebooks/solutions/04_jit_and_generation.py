@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlab.engine.model import forward
+import jaxlab
 
 
 def my_pad_to_bucket(ids, buckets, pad_id):
@@ -22,5 +22,5 @@ def my_pad_to_bucket(ids, buckets, pad_id):
 
 def my_decode_step(params, token, pos, cache):
     """token, pos [B] -> (greedy next token [B], updated cache)."""
-    logits, cache = forward(params, token[:, None], pos[:, None], cache)  # [B, 1, V]
+    logits, cache = jaxlab.forward(params, token[:, None], pos[:, None], cache)  # [B, 1, V]
     return jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32), cache

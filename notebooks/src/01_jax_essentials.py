@@ -153,11 +153,11 @@ print(f"{sum(compiled)} compilations for {len(calls)} calls")
 # `f(x)` returns as soon as the work is *queued*. The array it returns is a promise; the computation
 # finishes later, on another thread (CPU) or on the accelerator. A timer around `f(x)` alone measures
 # the dispatch. `jax.block_until_ready(out)` waits for the result; `jaxlab.tools.profile.time_fn` always does.
-# **Predict first:** three chained 1024 × 1024 matmuls are about 6 GFLOP. How long will the timer say
+# **Predict first:** `w @ w @ w` is two chained 1024 × 1024 matmuls, 2 × 2 × 1024³ ≈ 4.3 GFLOP. How long will the timer say
 # they took, with and without the sync?
 
 # %% tags=["nbval-ignore-output"]
-matmuls = jax.jit(lambda w: w @ w @ w)  # [1024, 1024], about 4 GFLOP
+matmuls = jax.jit(lambda w: w @ w @ w)  # [1024, 1024]: two matmuls, about 4.3 GFLOP
 w = jax.random.normal(jax.random.key(0), (1024, 1024))
 unsynced, synced = essentials.time_unsynced(matmuls, w, repeats=3)
 _ = table([{"timer stops at": "f(x) returned (no sync)", "best ms": min(unsynced) * 1e3, "median ms": float(np.median(unsynced)) * 1e3},

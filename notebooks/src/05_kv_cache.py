@@ -314,7 +314,7 @@ _ = verdict("kv_cache_cheaper_next_token", {f"{r['context']} tokens of context":
 # Why it looks like this on a CPU:
 #
 # - **Without cache** the cost grows roughly in proportion to the context: a forward pass over *n*
-#   tokens does about 2 × 135 M × *n* multiply-adds (attention's *n²* part is still small at 512).
+#   tokens does about 135 M × *n* multiply-adds (2 × 135 M × *n* FLOPs) (attention's *n²* part is still small at 512).
 #   Generating *N* tokens this way costs *O(N²)*.
 # - **With cache** a decode step reads the weights once (538 MB) plus the cache. Our cache has a fixed
 #   576 slots, and attention reads all of them (empty ones are masked), so the step does the same work

@@ -266,11 +266,11 @@ batch_table = table([{"task": t, "tokens/call alone": round(r["tokens/call"], 2)
 # verifies B·(k+1) tokens per call. Plain decoding at batch B already uses the weights it reads for B
 # tokens (notebook 06); once B·(k+1) tokens are enough to make the step compute-bound, a verify call
 # costs nearly k+1 decode steps, and no acceptance rate can pay for that. `speculation.step_costs(m.params,
-# batch=16)` measures it (we skip it here to keep the notebook short): on the 2-core CPU of one of our
-# runs, a verify call cost about 1.8 decode steps at batch 1 and about 3 at batch 16, where each verify
-# call carries 80 tokens.
+# batch=16)` measures it (we skip it here to keep the notebook short): the table above gives batch 1's cost measured now;
+# at batch 16 each verify call carries 80 tokens, and it cost 2.3 decode steps (a stored run: 2-core AMD EPYC,
+# 2026-12-05; batch 1 was 1.4 in that run).
 #
-# On a CPU the ridge point is near (a few tens of FLOPs per byte), so the verify cost climbs within
+# On a CPU the ridge point is near (a few FLOPs per byte: notebook 07 measured about 4 on this lab's 2-core CPU), so the verify cost climbs within
 # small batches; on a GPU or TPU it sits much further right, so it takes a far bigger batch. Either way
 # the lesson holds: serving systems that batch many requests use speculative decoding mostly at low
 # load, and give each row its own cache position (per-row write indices) so rows need not wait for

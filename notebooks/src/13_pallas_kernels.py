@@ -100,8 +100,8 @@ _ = check("rms_norm (Pallas) equals the jnp formula", float(jnp.abs(rms_pallas(x
 #
 # | | TPU (Mosaic) | GPU (Triton) | interpret mode (here) |
 # |---|---|---|---|
-# | a grid point is | one step of a **sequential** loop on the core (the last axes may be marked parallel across cores) | one *program*, all running **at once** on the SMs | one step of a `while` loop of ordinary JAX operations on the host device |
-# | blocks live in | VMEM (tens of MiB on the core), copied from HBM by a pipeline the grid drives (the next block's copy overlaps this block's compute) | registers / shared memory; the kernel loads from HBM itself | ordinary arrays: each block is a dynamic slice, copied |
+# | a grid point is | one step of a **sequential** loop on the core (the leading grid axes may be marked parallel, which splits them across the two TensorCores of a v4 or v5p chip; a v5e or v6e chip has one) | one *program*, all running **at once** on the SMs | one step of a `while` loop of ordinary JAX operations on the host device |
+# | blocks live in | VMEM (the core's on-chip memory: 128 MiB on a v5e, of which a kernel may use a smaller default limit, raised with `vmem_limit_bytes`), copied from HBM by a pipeline the grid drives (the next block's copy overlaps this block's compute) | registers / shared memory; the kernel loads from HBM itself | ordinary arrays: each block is a dynamic slice, copied |
 # | small integer tables | *scalar prefetch*: in SMEM before the grid starts, readable by index maps | ordinary inputs, loaded as scalars | arrays |
 # | block shape rules | last two dimensions multiples of (8, 128), or the whole dimension; matmuls on the MXU's 128 x 128 (256 x 256 on v6e) tiles | every block and value a power of two; `tl.dot` needs at least 16 | none: anything JAX can slice |
 # | a reduction over blocks | across the sequential grid axis, state in VMEM scratch | a loop **inside** the kernel (no grid axis is sequential) | either |

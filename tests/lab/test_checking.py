@@ -23,12 +23,28 @@ def stub(node) -> bool:
     return len(body) == 1 and isinstance(body[0], ast.Raise)
 
 
-def solved_copy(nn: str, tmp_path: Path) -> Path:
+def solved_copy(nn: str, tmp_path: Path, bodies_only: bool = False) -> Path:
     """The notebook as a student who solved every exercise would save it: the solutions' code in place of the
-    stubs (the solution file is pasted into the first exercise cell)."""
+    stubs (the solution file is pasted into the first exercise cell). ``bodies_only``: without the solution file's
+    own top-level imports, as a student writes an answer in a notebook whose cells above imported ``jnp`` & co."""
     path = notebook(nn)
     nb = json.loads(path.read_text(encoding="utf-8"))
     solution = (SOLUTIONS / f"{path.stem}.py").read_text(encoding="utf-8")
+    answers = {
+        t.id
+        for n in ast.parse(solution).body
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    }
+
+    def answered(node) -> bool:  # `my_answer = None` in the notebook, where the solution gives the value
+        return isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) and t.id in answers for t in node.targets)
+
+    if bodies_only:
+        tree = ast.parse(solution)
+        tree.body = [n for n in tree.body if not isinstance(n, (ast.Import, ast.ImportFrom))]
+        solution = ast.unparse(tree)
     start = next(
         i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "markdown" and "## Exercises" in "".join(c["source"])
     )
@@ -37,12 +53,22 @@ def solved_copy(nn: str, tmp_path: Path) -> Path:
         if c["cell_type"] != "code":
             continue
         tree = ast.parse("".join(c["source"]))
-        tree.body = [n for n in tree.body if not (isinstance(n, ast.FunctionDef) and stub(n))]
+        tree.body = [n for n in tree.body if not (isinstance(n, ast.FunctionDef) and stub(n)) and not answered(n)]
         c["source"] = (solution + "\n" if first else "") + ast.unparse(tree)
         first = False
     out = tmp_path / path.name
     out.write_text(json.dumps(nb), encoding="utf-8")
     return out
+
+
+WITH_CHECKS = sorted(p.stem[:2] for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+@pytest.mark.parametrize("nn", WITH_CHECKS)
+def test_answers_written_as_in_the_notebook_pass(nn, tmp_path, capsys):
+    """The solutions' bodies only, relying on the notebook's own imports (jnp, np, jax, jaxlab ...), pass."""
+    code, out, _ = run_main(capsys, ["check", nn, str(solved_copy(nn, tmp_path, bodies_only=True))])
+    assert code == 0 and "FAIL" not in out, out
 
 
 @pytest.mark.parametrize("nn", ["04", "11"])
