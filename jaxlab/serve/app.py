@@ -122,6 +122,17 @@ class RateLimiter:
 FAILED_KEYS_PER_MINUTE = 10
 
 
+def too_many(what: str, wait: float) -> ApiError:
+    """A 429 that says why and when to come back (``Retry-After``, whole seconds, at least 1)."""
+    return ApiError(
+        429,
+        f"{what}: retry in {wait:.1f} s",
+        type="rate_limit_error",
+        code="rate_limit_exceeded",
+        headers={"Retry-After": str(max(1, int(wait + 0.999)))},
+    )
+
+
 def error_response(e: ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
@@ -158,13 +169,7 @@ class Server:
         ):
             wait = self.failures.take(client)
             if wait > 0:
-                raise ApiError(
-                    429,
-                    f"{FAILED_KEYS_PER_MINUTE:g} wrong API keys a minute from this client: retry in {wait:.1f} s",
-                    type="rate_limit_error",
-                    code="rate_limit_exceeded",
-                    headers={"Retry-After": str(max(1, int(wait + 0.999)))},
-                )
+                raise too_many(f"{FAILED_KEYS_PER_MINUTE:g} wrong API keys a minute from this client", wait)
             raise ApiError(
                 401,
                 "missing or wrong API key: send 'Authorization: Bearer <key>' with the key the server was started with",
@@ -184,13 +189,7 @@ class Server:
             who = f"{client} {key}" if self.options.api_key is not None else client
             wait = self.limiter.take(who)
             if wait > 0:
-                raise ApiError(
-                    429,
-                    f"rate limit of {self.limiter.per_minute:g} requests per minute reached: retry in {wait:.1f} s",
-                    type="rate_limit_error",
-                    code="rate_limit_exceeded",
-                    headers={"Retry-After": str(max(1, int(wait + 0.999)))},
-                )
+                raise too_many(f"rate limit of {self.limiter.per_minute:g} requests per minute reached", wait)
 
     def finished(self, pending, reason: str) -> None:
         """On the engine's thread, when a request ends: its metrics, and its place in the queue freed (also for a
