@@ -127,11 +127,34 @@ schema_bodies = st.fixed_dictionaries(
 )
 
 
-def raw_bodies():
-    """Bytes a client may send: schema-shaped and arbitrary JSON, deep nesting, huge numbers, bad UTF-8."""
-    as_json = (schema_bodies | json_values | st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=6)).map(
-        lambda v: json.dumps(v).encode()
+#: Requests a client means to be right, with every option in range: the success paths get traffic too
+valid_bodies = st.fixed_dictionaries(
+    {"max_tokens": st.integers(1, 8)},
+    optional={
+        "temperature": st.floats(0, 2),
+        "top_p": st.floats(0.01, 1),
+        "top_k": st.integers(0, VOCAB),
+        "seed": st.integers(0, 2**32),
+        "stop": st.lists(st.text(min_size=1, max_size=3), max_size=3),
+        "stream": st.booleans(),
+        "ignore_eos": st.booleans(),
+    },
+).flatmap(
+    lambda base: st.one_of(
+        st.builds(lambda text: dict(base, prompt=text), st.text(max_size=20)),
+        st.builds(
+            lambda text: dict(base, messages=[{"role": "user", "content": text}]), st.text(min_size=1, max_size=20)
+        ),
     )
+)
+
+
+def raw_bodies():
+    """Bytes a client may send: valid requests, schema-shaped and arbitrary JSON, deep nesting, huge numbers, bad
+    UTF-8."""
+    as_json = (
+        valid_bodies | schema_bodies | json_values | st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=6)
+    ).map(lambda v: json.dumps(v).encode())
     deep = st.integers(100, 20_000).map(lambda n: b"[" * n + b"]" * n)
     deep_field = st.integers(100, 20_000).map(lambda n: b'{"messages": ' + b"[" * n + b"]" * n + b"}")
     digits = st.integers(300, 6000).map(lambda n: b'{"seed": ' + b"9" * n + b', "prompt": "x"}')
