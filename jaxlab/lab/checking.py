@@ -138,7 +138,7 @@ def namespace(number: str, sources: list[str], modules, imports: str = "") -> di
     ns = {"__name__": "__main__", **modules, "ex": modules.get(f"nb{number}")}
     if imports:
         exec(compile(imports, "<the notebook's imports>", "exec"), ns)
-        ns.update({k: v for k, v in modules.items()})  # the exercise modules win over a same-named import
+        ns.update(modules)  # the exercise modules win over a same-named import
     used = {
         n.id
         for s in sources

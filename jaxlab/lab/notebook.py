@@ -51,14 +51,6 @@ def setup(compile_cache: bool = True, quiet: bool = False) -> dict:
     return info
 
 
-def numerics_backend() -> str:
-    """The backend whose numerics and criteria a notebook's checks follow: "tpu" under the accelerator proxy,
-    else jax's backend. Timings and speed orderings are the hardware's own (``jax.default_backend()``)."""
-    from jaxlab.engine.model import numerics_backend as backend
-
-    return backend()
-
-
 def _fmt(v) -> str:
     if isinstance(v, float):
         if v != v:

@@ -209,7 +209,7 @@ class Server:
                 headers={"Retry-After": "1"},
             )
 
-    async def body(self, request: Request) -> dict:
+    async def body(self, request: Request) -> bytes:
         limit = self.options.max_body_bytes
         declared = request.headers.get("content-length")
         too_big = ApiError(413, f"the request body is over {limit} bytes: send a shorter one", code="body_too_large")
@@ -233,8 +233,7 @@ class Server:
             ) from None
         except ClientDisconnect:  # the client left mid-body: nobody reads the answer, nothing to log
             raise ApiError(400, "the client disconnected while sending its body", code="client_disconnected") from None
-        # JSON and the prompt's tokens off the event loop: a large body does not stall other requests' streams
-        return await asyncio.to_thread(protocol.parse_json, bytes(raw))
+        return bytes(raw)
 
     # ---- generation --------------------------------------------------------------------------------
 
@@ -371,8 +370,9 @@ class Server:
         try:
             self.guard(request)
             self.admit()
-            body = await self.body(request)
-            req = await asyncio.to_thread(self.parse, body, kind)
+            raw = await self.body(request)
+            # JSON and the prompt's tokens off the event loop, in one hop: a large body stalls no other stream
+            req = await asyncio.to_thread(lambda: self.parse(protocol.parse_json(raw), kind))
             self.admit()  # again: others may have been admitted while this one's body arrived
             response = self.stream(req, request) if req.stream else await self.complete(req, request)
         except ApiError as e:
