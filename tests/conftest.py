@@ -380,3 +380,26 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.section(title)
             for line in lines:
                 terminalreporter.write_line(line)
+
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2: the tiny config's bos 1 and eos 2
+
+
+def byte_tokenizer():
+    """A byte-level tokenizer for the tiny model's 263 ids: three specials, the 256 bytes, a few merges."""
+    from tokenizers import AddedToken, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as Backend
+
+    from jaxlab.io.tokenizer import Tokenizer, bytes_to_unicode
+
+    spell = bytes_to_unicode()
+    alphabet = list(spell.values())
+    merged = ['{"', '":', "ok", "no"]
+    spelled = ["".join(spell[b] for b in m.encode()) for m in merged]
+    vocab = {t: i for i, t in enumerate(SPECIALS + alphabet + spelled)}
+    merges = [(s[0], s[1:]) for s in spelled]
+    backend = Backend(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIALS])
+    return Tokenizer(backend, bos_id=1, eos_id=2, pad_id=2, special_ids=[0, 1, 2])

@@ -43,7 +43,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxlab.engine import continuous, paged, steps
+from jaxlab.engine import continuous, grammar, paged, steps
 from jaxlab.engine.kernels import compiling_for, flash_attention, paged_attention, rms_norm
 from jaxlab.engine.kvcache import init_cache
 from jaxlab.engine.model import Params, default_policy, init_params
@@ -262,12 +262,13 @@ def lab_programs(s: Settings, tgt: Target, params: Params) -> list[tuple[str, Ca
     widths = continuous.table_widths(ctx, continuous.PAGE_SIZE)
     pool = 1 + b * widths[-1] // continuous.PAGE_SIZE
     pages = jax.eval_shape(lambda: paged.init_paged_cache(cfg, pool, continuous.PAGE_SIZE, dtype=cache_dtype))
+    words = grammar.words(cfg.vocab_size)  # the grammar bitmask's int32 words per row (all ones: free rows)
     for width in widths:
         for label, rows, t in (("decode", b, 1), ("prefill", 1, continuous.CHUNK)):
             table = jax.ShapeDtypeStruct((rows, width // continuous.PAGE_SIZE), jnp.int32)
             pc = put(dataclasses.replace(pages, page_table=table))
             args = (params, row(rows, t), row(rows, t), pc, put(jax.ShapeDtypeStruct((rows,), jnp.uint32)), greedy)
-            args += (put(jax.ShapeDtypeStruct((rows,), jnp.bool_)),)
+            args += (put(jax.ShapeDtypeStruct((rows,), jnp.bool_)), put(jax.ShapeDtypeStruct((rows, words), jnp.int32)))
             progs.append((f"rows {label} [{rows}, {t}] width {width}", steps.jit_rows, args, None))
     k = DEFAULT_K
     index = put(jax.ShapeDtypeStruct((), jnp.int32))

@@ -250,6 +250,7 @@ def step_ratios(params, quick: bool, reps: int, log) -> list[dict]:
     import jax.numpy as jnp
 
     from jaxlab.engine.continuous import Engine
+    from jaxlab.engine.grammar import allow_all
     from jaxlab.engine.kvcache import init_cache
     from jaxlab.engine.steps import GREEDY, jit_decode, jit_rows
 
@@ -274,7 +275,17 @@ def step_ratios(params, quick: bool, reps: int, log) -> list[dict]:
             eng = Engine(params, slots=b, page_size=16, chunk=64, context=ctx, num_pages=b * ctx // 16 + 1)
             table = np.arange(1, b * ctx // 16 + 1, dtype=np.int32).reshape(b, ctx // 16)
             pcache = eng.cache.with_table(table)
-            args = (params, tok[:, None], pos[:, None], pcache, jnp.zeros(b, jnp.uint32), GREEDY, jnp.ones(b, bool))
+            free = jax.device_put(allow_all(b, cfg.vocab_size))
+            args = (
+                params,
+                tok[:, None],
+                pos[:, None],
+                pcache,
+                jnp.zeros(b, jnp.uint32),
+                GREEDY,
+                jnp.ones(b, bool),
+                free,
+            )
             paged = jit_rows.lower(*args).compile()
             pstate = {"cache": pcache}
 

@@ -32,6 +32,7 @@ import numpy as np
 
 from jaxlab.engine import paged
 from jaxlab.engine.generate import GenerationResult, TextStops
+from jaxlab.engine.grammar import Constraint, Matcher, allow_all
 from jaxlab.engine.model import Params
 from jaxlab.engine.paged import init_paged_cache
 from jaxlab.engine.pages import PagePool
@@ -102,6 +103,7 @@ class _Request:
     seed: int
     sampling: SamplingParams
     top: int = 0
+    matcher: Matcher | None = None  # the request's place in its grammar (structured output), or None
 
 
 #: the most alternatives a request may ask for with ``top_logprobs`` (OpenAI's limit)
@@ -175,6 +177,8 @@ class Engine:
         self.steps = 0
         self.kv_samples: list[float] = []  # KV use (stored / pool) after each step while requests waited
         self.fill_samples: list[float] = []  # stored / pages held, at the same steps
+        self._free_masks: dict[int, jax.Array] = {}  # rows -> the all-ones grammar bitmask, on the device
+        self.grammar_seconds = 0.0  # host time spent computing grammar masks (structured output)
 
     # ---- requests ----------------------------------------------------------------------------------
 
@@ -190,13 +194,20 @@ class Engine:
         ignore_eos: bool = False,
         logprobs: bool = False,
         top_logprobs: int = 0,
+        constraint: Constraint | None = None,
     ) -> Stream:
         """Queue a request; it joins the batch at the next step with a free slot. Returns its stream.
         ``top_logprobs`` (0..20): also keep each token's most likely alternatives and their logprobs (a step that
-        carries such a request runs a program that also returns them)."""
+        carries such a request runs a program that also returns them). ``constraint``: the output must match
+        this grammar (:class:`~jaxlab.engine.grammar.Constraint`; it ends when the grammar is complete)."""
         (prompt,) = check_request(self.config, [prompt_ids], max_new_tokens)
         if isinstance(top_logprobs, bool) or not (isinstance(top_logprobs, int) and 0 <= top_logprobs <= TOP_LOGPROBS):
             raise InvalidRequestError(f"top_logprobs must be a whole number in 0..{TOP_LOGPROBS}, got {top_logprobs!r}")
+        matcher = None
+        if constraint is not None:
+            if ignore_eos:
+                raise InvalidRequestError("ignore_eos cannot be combined with a constraint: a grammar ends the output")
+            matcher = Matcher(constraint, self.tokenizer, self.config.vocab_size)
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already running: give each request its own id")
@@ -224,7 +235,9 @@ class Engine:
             logprobs=logprobs or bool(top_logprobs),
         )
         seq = self.scheduler.add(request_id, prompt, max_new_tokens)
-        self.requests[request_id] = _Request(seq, stream, stops, int(seed), sampling or SamplingParams(), top_logprobs)
+        self.requests[request_id] = _Request(
+            seq, stream, stops, int(seed), sampling or SamplingParams(), top_logprobs, matcher
+        )
         return stream
 
     def abort(self, request_id: str) -> bool:
@@ -264,6 +277,22 @@ class Engine:
             return GREEDY, jnp.ones(len(params), bool)
         return stack_rows(params)
 
+    def _allowed(self, rows: Sequence[_Request | None]):
+        """The step's grammar bitmask [rows, ceil(V/32)]: each constrained row's next tokens, all ones elsewhere
+        (kept on the device for a step of free rows, so it costs no transfer)."""
+        n = len(rows)
+        if not any(r is not None and r.matcher is not None for r in rows):
+            if n not in self._free_masks:
+                self._free_masks[n] = jax.device_put(allow_all(n, self.config.vocab_size))
+            return self._free_masks[n]
+        mask = allow_all(n, self.config.vocab_size)
+        t0 = time.perf_counter()
+        for i, r in enumerate(rows):
+            if r is not None and r.matcher is not None:
+                r.matcher.fill(mask[i])
+        self.grammar_seconds += time.perf_counter() - t0
+        return jax.device_put(mask)
+
     def _run(self, name: str, rows: Sequence[_Request | None], tokens, positions, width: int):
         samp, greedy_rows = self._sampling(rows)
         seqs = [r.seq if r is not None else None for r in rows]
@@ -271,7 +300,7 @@ class Engine:
         seeds = np.asarray([r.seed if r is not None else 0 for r in rows], np.uint32)
         # device_put, not jnp.asarray: converting a NumPy array with jnp.asarray compiles a small program per shape
         tokens, positions, seeds = jax.device_put((tokens, positions, seeds))
-        args = (self.params, tokens, positions, cache, seeds, samp, greedy_rows)
+        args = (self.params, tokens, positions, cache, seeds, samp, greedy_rows, self._allowed(rows))
         top = TOP_LOGPROBS if any(r is not None and r.top for r in rows) else 0
         fn, _ = self.programs.get(name, jit_rows, args, {"top": top} if top else None)
         if top:
@@ -327,6 +356,10 @@ class Engine:
         if stream.first_token_at is None:
             stream.first_token_at = time.perf_counter()
         seq.generated.append(token)
+        if req.matcher is not None:
+            t0 = time.perf_counter()
+            req.matcher.advance(token)
+            self.grammar_seconds += time.perf_counter() - t0
         before = len(stream.text)
         going = req.stops.push(0, token, logp)
         if req.stops.ids[0][len(stream.token_ids) :]:
@@ -373,6 +406,7 @@ class Engine:
         ignore_eos: bool = False,
         logprobs: bool = False,
         on_text: Callable[[int, str], None] | None = None,
+        constraint: Constraint | None = None,
     ) -> list[GenerationResult]:
         """Every prompt as a request (seeds ``seed``, ``seed + 1``, ...), run to the end; results in order.
         ``on_text(row, piece)`` is called as each row's text arrives. The results' timings: prefill = time to
@@ -389,6 +423,7 @@ class Engine:
                 stop=stop,
                 ignore_eos=ignore_eos,
                 logprobs=logprobs,
+                constraint=constraint,
             )
             for i, p in enumerate(prompts)
         ]
@@ -430,6 +465,7 @@ class Engine:
                         jnp.zeros(rows, jnp.uint32),
                         samp,
                         greedy_rows,
+                        jax.device_put(allow_all(rows, self.config.vocab_size)),
                     )
                     fn, _ = self.programs.get(name, jit_rows, args, {"top": top} if top else None)
                     *_, self.cache = fn(*args)  # all positions -1: writes go to the null page only

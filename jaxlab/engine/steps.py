@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxlab.engine.grammar import mask_logits
 from jaxlab.engine.kvcache import KVCache, rollback
 from jaxlab.engine.model import Params, forward
 from jaxlab.engine.sampling import Sampling, filter_logits, sample, sample_rows
@@ -77,7 +78,9 @@ def greedy_step(params: Params, tokens, positions, cache: KVCache, **hooks):
     return sample(logits, None, GREEDY), logits, cache
 
 
-def rows_step(params: Params, tokens, positions, cache, seeds, sampling: Sampling, greedy_rows, top: int = 0, **hooks):
+def rows_step(
+    params: Params, tokens, positions, cache, seeds, sampling: Sampling, greedy_rows, allowed, top: int = 0, **hooks
+):
     """Every row its own request (continuous batching): tokens, positions [B, T] (each row's last column its
     last token; -1 = padding or an idle row) -> (next tokens [B], their logprobs [B], cache); with ``top`` > 0
     (static) -> (next tokens, logprobs, (the ``top`` most likely tokens' logprobs [B, top], their ids [B, top]),
@@ -85,10 +88,12 @@ def rows_step(params: Params, tokens, positions, cache, seeds, sampling: Samplin
 
     Row ``r`` draws with ``fold_in(key(seeds[r]), its last position)`` and its own settings (``sampling``
     with [B] leaves, ``greedy_rows`` [B]: :func:`~jaxlab.engine.sampling.stack_rows`; or :data:`GREEDY`), so
-    its token depends on its own request and position only, never on the rows beside it."""
+    its token depends on its own request and position only, never on the rows beside it. ``allowed``
+    [B, ceil(V/32)] int32 is each row's grammar bitmask (:mod:`jaxlab.engine.grammar`; all ones = free): the
+    token is chosen among the allowed ones, and the logprobs stay the model's own, before the mask."""
     logits, cache = next_logits(params, tokens, positions, cache, **hooks)
     keys = jax.vmap(lambda s, p: jax.random.fold_in(jax.random.key(s), p))(seeds, positions[:, -1])
-    nxt = sample_rows(logits, keys, sampling, greedy_rows)
+    nxt = sample_rows(mask_logits(logits, allowed), keys, sampling, greedy_rows)
     all_logp = jax.nn.log_softmax(logits, axis=-1)
     logp = jnp.take_along_axis(all_logp, nxt[:, None], axis=-1)[:, 0]
     if top:

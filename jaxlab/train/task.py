@@ -154,6 +154,40 @@ def parse_reply(reply: str) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
+#: The answer's JSON schema: the constraint structured output decodes with (``jaxlab bench --structured``).
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "city": {"type": "string"},
+        "job": {"type": "string"},
+    },
+    "required": ["name", "age", "city", "job"],
+    "additionalProperties": False,
+}
+FIELDS = tuple(SCHEMA["properties"])
+
+
+def schema_valid(reply: str) -> bool:
+    """The whole reply is one JSON object with exactly :data:`SCHEMA`'s keys, each of its type."""
+    try:
+        value = json.loads(reply)
+    except json.JSONDecodeError:
+        return False
+    if not isinstance(value, dict) or set(value) != set(FIELDS):
+        return False
+    age = value["age"]
+    strings = all(isinstance(value[k], str) for k in ("name", "city", "job"))
+    return strings and isinstance(age, int) and not isinstance(age, bool)
+
+
+def fields_exact(reply: str, answer: str) -> float:
+    """The fraction of the answer's fields the reply's first JSON object has exactly (0 when it has none)."""
+    got, want = parse_reply(reply) or {}, json.loads(answer)
+    return sum(got.get(k) == v for k, v in want.items()) / len(want)
+
+
 def score(reply: str, answer: str) -> dict[str, bool]:
     """{"exact": the stripped reply is the answer, "match": its JSON object equals the answer's}."""
     return {"exact": reply.strip() == answer, "match": parse_reply(reply) == json.loads(answer)}

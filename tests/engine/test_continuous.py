@@ -197,6 +197,24 @@ def test_real_model_streams_text_and_stops(engine, smollm):
     assert s.finish_reason == "stop" and s.first_token_at is not None
 
 
+def test_real_model_with_the_extraction_schema_answers_valid_json(engine, smollm):
+    """The base model's replies to the extraction task, constrained by its schema: every one valid, in the programs
+    the unconstrained requests use (nothing compiles)."""
+    from jaxlab.engine.grammar import Constraint
+    from jaxlab.io.assets import data_file
+    from jaxlab.io.tokenizer import prompt_ids
+    from jaxlab.train.data import read_jsonl
+    from jaxlab.train.task import SCHEMA, fields_exact, schema_valid
+
+    items = read_jsonl(data_file("finetune", "test.jsonl"))[:4]
+    prompts = [prompt_ids(smollm.tokenizer, e["prompt"]) for e in items]
+    with CompileCounter() as cc:
+        got = engine.generate(prompts, 96, constraint=Constraint.json_schema(SCHEMA))
+    assert cc.count == 0
+    assert all(r.finish_reason == "eos" and schema_valid(r.text) for r in got), [r.text for r in got]
+    assert sum(fields_exact(r.text, e["answer"]) for r, e in zip(got, items)) / len(items) >= 0.5
+
+
 def test_logits_on_real_weights_equal_the_contiguous_cache(small_model):
     """Logits within 1e-5 (float32) of the contiguous cache for a prompt and decode steps on the real weights (the
     embedded model's first two layers; pages in reverse order). The whole model through the paged cache:
