@@ -100,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--draft-k", type=int, default=4, metavar="K", help="draft tokens verified per call (default 4)")
     g.add_argument("--draft-layers", type=int, default=8, metavar="L", help="layers of the draft model (default 8)")
     g.add_argument("--adapter", default=None, metavar="DIR", help="a LoRA adapter from `jaxlab finetune`, merged in")
+    so = g.add_argument_group("structured output (one of; the reply ends when the grammar is complete)")
+    so.add_argument("--json-schema", default=None, metavar="FILE", help="the reply is JSON matching this JSON schema")
+    so.add_argument("--regex", default=None, metavar="RE", help="the reply matches this regex (Rust regex syntax)")
+    so.add_argument("--choice", default=None, metavar="A,B,C", help="the reply is one of these comma-separated strings")
     model_opts(g)
     sampling_opts(g)
 
@@ -258,7 +262,14 @@ def cmd_generate(args, out=None):
     out = out or sys.stdout
     sampling = _sampling(args)
     options = _model_options(args)
+    from jaxlab.engine.grammar import from_options
     from jaxlab.io.tokenizer import prompt_ids
+
+    constraint = from_options(args.json_schema, args.regex, args.choice)
+    if constraint is not None and (args.mesh or args.speculative):
+        raise InvalidRequestError(
+            f"--{constraint.kind.replace('_', '-')} runs on the engine: drop --{'mesh' if args.mesh else 'speculative'}"
+        )
 
     m = _load(options)
     tok = m.tokenizer
@@ -288,6 +299,7 @@ def cmd_generate(args, out=None):
             stop=args.stop,
             ignore_eos=args.ignore_eos,
             on_text=on_text if streaming else None,
+            constraint=constraint,
         )
     for prompt, r in zip(args.prompts, results):
         if args.json:

@@ -17,6 +17,7 @@ import io
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -65,6 +66,30 @@ def test_generate_raw_and_stop(small, capsys):
     assert "," not in row["text"]
 
 
+def test_structured_output_flags(small, capsys, tmp_path):
+    """--choice, --regex and --json-schema constrain what the small model (two layers, prose unaided) writes; a
+    regex the grammar compiler refuses is one line."""
+    args = ["generate", "--model", small, "--json", "--max-new-tokens", "40"]
+    assert main([*args, "--choice", "yes,no", "Is the sky blue?"]) == 0
+    assert json.loads(capsys.readouterr().out)["text"] in ("yes", "no")
+    assert main([*args, "--regex", r"[A-Z][a-z]{2,6} [0-9]{2}", "Name a day."]) == 0
+    assert re.fullmatch(r"[A-Z][a-z]{2,6} [0-9]{2}", json.loads(capsys.readouterr().out)["text"])
+    schema = tmp_path / "s.json"
+    compact = {"whitespace_flexible": False}  # the two-layer model would spend its tokens on whitespace
+    ok = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
+    schema.write_text(json.dumps(dict(ok, **{"x-guidance": compact})))
+    assert main([*args, "--max-new-tokens", "60", "--json-schema", str(schema), "Are you ok?"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["finish_reason"] == "eos" and isinstance(json.loads(row["text"])["ok"], bool), row["text"]
+    code, _, err = run_main(capsys, [*args, "--regex", "a(b", "hi"])
+    assert code != 0 and "regex cannot be used" in one_clean_line(err)
+
+
 def test_sampling_seeded(small, capsys):
     args = ["generate", "--model", small, "--json", "--max-new-tokens", "12", "--temperature", "1.0"]
     args += ["--top-p", "0.9", "--ignore-eos"]
@@ -90,6 +115,9 @@ def test_sampling_seeded(small, capsys):
         (["generate", "--attention", "triton", "hi"], "invalid choice"),
         (["generate", "--attention", "pallas", "--kv-cache", "int8", "hi"], "float KV cache"),
         (["chat", "--attention", "pallas", "--kv-cache", "int8"], "float KV cache"),
+        (["generate", "--regex", "[0-9]", "--choice", "a,b", "hi"], "--regex and --choice"),
+        (["generate", "--json-schema", "/nonexistent/schema.json", "hi"], "cannot read"),
+        (["generate", "--choice", "a,b", "--speculative", "ngram", "hi"], "drop --speculative"),
     ],
 )
 def test_bad_input_one_line(capsys, args, match):

@@ -271,6 +271,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "matmul ceiling, the step's temporary memory",
     )
     parser.add_argument(
+        "--structured",
+        action="store_true",
+        help="only structured output: the extraction task's test split with and without its JSON schema "
+        "(schema-valid, match and field-exact %%; a LoRA adapter too with --adapter), and the masked decode step "
+        "against the free one at batch 1 and 32 (about 12 minutes on 2 cores; --limit N items for less)",
+    )
+    parser.add_argument(
+        "--limit", type=int, default=None, metavar="N", help="with --structured: the first N test items (250)"
+    )
+    parser.add_argument(
+        "--adapter", default=None, metavar="DIR", help="with --structured: a LoRA adapter from `jaxlab finetune`"
+    )
+    parser.add_argument(
         "--attention",
         choices=("xla", "pallas"),
         default="xla",

@@ -198,6 +198,10 @@ def run_from_args(args: argparse.Namespace, out=None) -> int:
         from jaxlab.bench.training import run_training
 
         return run_training(args, out)
+    if getattr(args, "structured", False):
+        from jaxlab.bench.structured import run_structured
+
+        return run_structured(args, out)
     if getattr(args, "retrieval", False):
         from jaxlab.bench.retrieval import run_retrieval
 

@@ -260,6 +260,7 @@ class Server:
             ignore_eos=req.ignore_eos,
             logprobs=req.logprobs,
             top_logprobs=req.top_logprobs,
+            constraint=req.constraint,
         )
 
     async def next_delta(self, req, out: asyncio.Queue, request: Request, deadline: float):

@@ -16,7 +16,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from jaxlab.engine.grammar import Constraint
 from jaxlab.engine.sampling import SamplingParams
+from jaxlab.errors import InvalidRequestError
 
 MAX_STOP = 4  # OpenAI's limit on stop strings
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
@@ -83,6 +85,7 @@ class Request:
     logprobs: bool
     ignore_eos: bool
     top_logprobs: int = 0
+    constraint: Constraint | None = None  # structured output (response_format), or None
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -147,7 +150,7 @@ def _bool(body, name, default=False) -> bool:
 
 def _check_fields(body: dict, known: set[str]) -> None:
     for name, offs in UNSUPPORTED_AT_DEFAULT.items():
-        if name in body and body[name] not in offs:
+        if name in body and name not in known and body[name] not in offs:
             raise bad(
                 f"{name}={shown(body[name])} is not supported by this server; leave it out "
                 f"(or give its default {json.dumps(offs[0])})",
@@ -177,7 +180,7 @@ COMMON = {
     "logprobs",
     "ignore_eos",
 }
-CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs"}
+CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs", "response_format"}
 COMPLETION_FIELDS = COMMON | {"prompt"}
 
 
@@ -219,6 +222,45 @@ def _messages(body) -> list[dict]:
             raise bad(f"messages[{i}] has an unsupported field {extra[0]!r}", "messages")
         out.append({"role": "system" if role == "developer" else role, "content": content})
     return out
+
+
+def _response_format(body, tokenizer, vocab_size: int) -> Constraint | None:
+    """OpenAI's ``response_format``: {"type": "text"} (or none), {"type": "json_object"}, or {"type": "json_schema",
+    "json_schema": {"name": ..., "schema": {...}, "strict": ...}} -> the constraint, checked against the vocabulary."""
+    fmt = body.get("response_format")
+    if fmt is None:
+        return None
+    kinds = '{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": {"name", "schema"}}'
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+        raise bad(f"response_format must be {kinds}, got {shown(fmt)}", "response_format")
+    extra = sorted(set(fmt) - {"type", "json_schema"} if fmt["type"] == "json_schema" else set(fmt) - {"type"})
+    if extra:
+        raise bad(f"response_format of type {fmt['type']} takes no field {extra[0]!r}", "response_format")
+    if fmt["type"] == "text":
+        return None
+    if fmt["type"] == "json_object":
+        constraint = Constraint.json_object()
+    else:
+        spec = fmt.get("json_schema")
+        if (
+            not isinstance(spec, dict)
+            or not isinstance(spec.get("name"), str)
+            or not isinstance(spec.get("schema"), dict)
+        ):
+            raise bad(
+                "response_format.json_schema must be an object with a name (string) and a schema (a JSON schema "
+                f"object), got {shown(spec)}",
+                "response_format",
+            )
+        unknown = sorted(set(spec) - {"name", "schema", "strict", "description"})
+        if unknown:
+            raise bad(f"response_format.json_schema has an unknown field {unknown[0]!r}", "response_format")
+        constraint = Constraint.json_schema(spec["schema"])
+    try:
+        constraint.check(tokenizer, vocab_size)
+    except InvalidRequestError as e:
+        raise bad(f"response_format: {e}", "response_format") from None
+    return constraint
 
 
 def parse_request(body: dict, kind: str, *, model_name: str, tokenizer, context: int, vocab_size: int) -> Request:
@@ -299,6 +341,9 @@ def parse_request(body: dict, kind: str, *, model_name: str, tokenizer, context:
         top = _number(body, "top_logprobs", 0, 20, 0, integer=True)
         if top and not logprobs:
             raise bad("top_logprobs needs logprobs: true", "top_logprobs")
+    constraint = _response_format(body, tokenizer, vocab_size) if kind == "chat" else None
+    if constraint is not None and _bool(body, "ignore_eos"):
+        raise bad("ignore_eos cannot be combined with response_format: the format ends the reply", "ignore_eos")
     return Request(
         kind=kind,
         model=model,
@@ -312,6 +357,7 @@ def parse_request(body: dict, kind: str, *, model_name: str, tokenizer, context:
         logprobs=logprobs,
         ignore_eos=_bool(body, "ignore_eos"),
         top_logprobs=top,
+        constraint=constraint,
     )
 
 

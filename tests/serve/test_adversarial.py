@@ -14,15 +14,17 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import pytest
+from conftest import byte_tokenizer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 EXAMPLES = int(os.environ.get("JAXLAB_FUZZ_EXAMPLES", "1500"))
-VOCAB, CONTEXT = 100, 64
+VOCAB, CONTEXT = 263, 64  # the tiny model's vocabulary: conftest's byte tokenizer spells it (for response_format)
 
 
 class Tokenizer:
     bos_id, eos_id = 1, 2
+    backend = byte_tokenizer().backend  # a real vocabulary: grammars (response_format) are compiled against it
 
     def encode(self, text):
         return [3 + (ord(c) % 90) for c in text]
@@ -101,7 +103,28 @@ json_values = st.recursive(
 FIELDS = [
     "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
     "seed", "stop", "stream", "stream_options", "logprobs", "top_logprobs", "ignore_eos", "n", "tools", "user",
+    "response_format",
 ]  # fmt: skip
+schemas = st.recursive(
+    st.fixed_dictionaries({"type": st.sampled_from(["object", "string", "integer", "array", "objekt"])})
+    | st.fixed_dictionaries({"enum": st.lists(st.text(max_size=4), max_size=3)})
+    | st.fixed_dictionaries({"pattern": st.text(max_size=6)}),
+    lambda inner: (
+        st.fixed_dictionaries(
+            {"type": st.just("object"), "properties": st.dictionaries(st.text(max_size=3), inner, max_size=3)}
+        )
+        | st.fixed_dictionaries({"type": st.just("array"), "items": inner})
+    ),
+    max_leaves=6,
+)
+response_formats = st.sampled_from([{"type": "text"}, {"type": "json_object"}]) | st.fixed_dictionaries(
+    {"type": st.just("json_schema")},
+    optional={
+        "json_schema": st.fixed_dictionaries(
+            {}, optional={"name": st.text(max_size=4), "schema": schemas | json_values}
+        )
+    },
+)
 message = st.fixed_dictionaries(
     {"role": st.sampled_from(["user", "system", "assistant", "developer", "tool", ""]) | json_values},
     optional={"content": st.text(max_size=40) | json_values, "name": json_values},
@@ -123,6 +146,7 @@ schema_bodies = st.fixed_dictionaries(
         "logprobs": st.booleans() | st.integers(-1, 7) | json_values,
         "top_logprobs": st.integers(-1, 25) | json_values,
         "n": st.integers(0, 3) | json_values,
+        "response_format": response_formats | json_values,
     },
 )
 
@@ -138,6 +162,7 @@ valid_bodies = st.fixed_dictionaries(
         "stop": st.lists(st.text(min_size=1, max_size=3), max_size=3),
         "stream": st.booleans(),
         "ignore_eos": st.booleans(),
+        "response_format": response_formats,
     },
 ).flatmap(
     lambda base: st.one_of(

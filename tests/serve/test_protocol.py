@@ -4,6 +4,7 @@ default, unknown ones refused; no model needed."""
 from __future__ import annotations
 
 import pytest
+from conftest import byte_tokenizer
 
 from jaxlab.serve import protocol
 from jaxlab.serve.app import RateLimiter
@@ -248,3 +249,57 @@ def test_served_name():
 
     assert served_name(None) == served_name("smollm2-135m") == "smollm2-135m"
     assert served_name("/models/tiny.gguf") == "tiny" and served_name("ckpt/folder/") == "folder"
+
+
+class ByteTokenizer(FakeTokenizer):
+    """The fake's prompts, and a real byte-level vocabulary for grammars (``response_format``)."""
+
+    def __init__(self):
+        real = byte_tokenizer()
+        self.backend, self.eos_id = real.backend, real.eos_id
+
+
+BYTES = ByteTokenizer()
+
+
+def parse_format(fmt, kind="chat", **extra):
+    body = dict({"messages": MSG} if kind == "chat" else {"prompt": "hi"}, response_format=fmt, **extra)
+    return parse_request(body, kind, model_name="m", tokenizer=BYTES, context=64, vocab_size=263)
+
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+def test_response_format_becomes_a_constraint():
+    from jaxlab.engine.grammar import Constraint
+
+    spec = {"name": "answer", "schema": SCHEMA, "strict": True}
+    assert parse_format({"type": "json_schema", "json_schema": spec}).constraint == Constraint.json_schema(SCHEMA)
+    assert parse_format({"type": "json_object"}).constraint == Constraint.json_object()
+    assert parse_format({"type": "text"}).constraint is None
+    assert parse({"messages": MSG}).constraint is None
+
+
+@pytest.mark.parametrize(
+    "fmt, kind, extra, words",
+    [
+        ({"type": "xml"}, "chat", {}, "response_format must be"),
+        ("json", "chat", {}, "response_format must be"),
+        ({"type": "json_schema"}, "chat", {}, "name (string) and a schema"),
+        (
+            {"type": "json_schema", "json_schema": {"name": "a", "schema": "{}"}},
+            "chat",
+            {},
+            "name (string) and a schema",
+        ),
+        ({"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "objekt"}}}, "chat", {}, "objekt"),
+        ({"type": "json_schema", "json_schema": {"name": "a", "schema": {}, "x": 1}}, "chat", {}, "unknown field 'x'"),
+        ({"type": "json_object", "schema": {}}, "chat", {}, "takes no field 'schema'"),
+        ({"type": "json_object"}, "completion", {}, "not supported"),
+        ({"type": "json_object"}, "chat", {"ignore_eos": True}, "ignore_eos"),
+    ],
+)
+def test_bad_response_formats_are_400s_that_say_why(fmt, kind, extra, words):
+    with pytest.raises(ApiError) as e:
+        parse_format(fmt, kind, **extra)
+    assert e.value.status == 400 and words in e.value.message and "\n" not in e.value.message

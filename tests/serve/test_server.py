@@ -210,6 +210,33 @@ def test_bad_requests_get_errors_and_the_server_keeps_serving(live, client):
     assert ok.usage.completion_tokens == 2
 
 
+def test_structured_output_through_the_openai_clients_parse(client):
+    """``response_format`` from a pydantic model (the client's structured-output helper): the reply parses into it,
+    on the small model that answers in prose unaided (160 tokens: the most this schema allows with 12 whitespace
+    characters at each of its separators); a schema the grammar compiler refuses is a 400."""
+    from typing import Literal
+
+    import openai
+    from pydantic import BaseModel
+
+    class Colour(BaseModel):
+        colour: Literal["red", "green", "blue"]
+        primary: bool
+
+    messages = [{"role": "user", "content": QUESTIONS[1]}]
+    r = client.chat.completions.parse(
+        model="smollm2-135m", messages=messages, response_format=Colour, max_tokens=160, temperature=0
+    )
+    choice = r.choices[0]
+    assert choice.finish_reason == "stop", choice.message.content
+    assert isinstance(choice.message.parsed, Colour)
+    free = client.chat.completions.create(model="smollm2-135m", messages=messages, max_tokens=20, temperature=0)
+    assert not free.choices[0].message.content.lstrip().startswith("{")  # unaided, it answers in prose
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}}
+    with pytest.raises(openai.BadRequestError, match="objekt"):
+        client.chat.completions.create(model="smollm2-135m", messages=messages, response_format=bad, max_tokens=5)
+
+
 def test_api_key_and_rate_limit(live):
     from jaxlab.serve.app import RateLimiter
 
