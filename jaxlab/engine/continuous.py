@@ -16,6 +16,11 @@ from its own seed and position (:func:`~jaxlab.engine.steps.rows_step`); prompt 
 of ``chunk`` whatever else runs; a preempted request is recomputed the way it was computed the first time.
 So a request's tokens do not depend on which requests run beside it (a property test checks it over random
 arrivals, lengths and preemptions).
+
+**Structured output.** A request may carry a grammar (:class:`~jaxlab.engine.grammar.Constraint`: a JSON schema,
+a regex, a list of choices); its matcher lives here on the host, fills the request's row of the step's bitmask
+before each step and advances by the token it got after. Free rows pass all ones, so the same programs serve
+both, and a preempted request's matcher keeps its place (its replayed tokens are not fed again).
 """
 
 from __future__ import annotations
@@ -356,11 +361,15 @@ class Engine:
         if stream.first_token_at is None:
             stream.first_token_at = time.perf_counter()
         seq.generated.append(token)
+        before = len(stream.text)
         if req.matcher is not None:
             t0 = time.perf_counter()
-            req.matcher.advance(token)
+            kept = req.matcher.advance(token)
             self.grammar_seconds += time.perf_counter() - t0
-        before = len(stream.text)
+            if not kept:  # the mask forbade it, so this is a bug of ours: end this request (text so far), not the engine
+                self.scheduler.finish(seq)
+                self.requests.pop(seq.id, None)
+                return [self._close(req, "stop", before)]
         going = req.stops.push(0, token, logp)
         if req.stops.ids[0][len(stream.token_ids) :]:
             stream.token_ids.append(token)

@@ -98,7 +98,7 @@ class Constraint:
         }[self.kind]
         if fmt == "json_schema":
             schema = json.loads(text)
-            if "x-guidance" not in schema:
+            if isinstance(schema, dict) and "x-guidance" not in schema:
                 text = json.dumps(dict(schema, **{"x-guidance": {"whitespace_pattern": WHITESPACE}}))
         try:
             return llguidance.grammar_from(fmt, text)
@@ -152,12 +152,12 @@ class Matcher:
         """Write the allowed next tokens into ``row`` [words(V)] int32 (a contiguous row of a bitmask)."""
         self._m.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
 
-    def advance(self, token: int) -> None:
-        """The request got ``token``; the end-of-sequence token ends it and is not part of the grammar."""
+    def advance(self, token: int) -> bool:
+        """The request got ``token``; the end-of-sequence token ends it and is not part of the grammar. False if
+        the grammar refuses the token (it cannot happen to a token the mask allowed)."""
         if token == self.eos or self._m.is_stopped():
-            return
-        if not self._m.consume_token(int(token)):
-            raise RuntimeError(f"token {token} broke the grammar: {_first_line(self._m.get_error())}")
+            return True
+        return bool(self._m.consume_token(int(token)))
 
     @property
     def done(self) -> bool:

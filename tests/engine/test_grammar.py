@@ -124,18 +124,21 @@ def test_json_whitespace_is_bounded_unless_the_schema_says_otherwise(tok):
     assert spaces_allowed(free) == 40
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_a_random_model_answers_every_grammar_and_free_rows_keep_their_tokens(tiny_params, tok, temperature):
-    sp = SamplingParams(temperature=temperature)
-    prompts = [[1] + list(range(40, 40 + n)) for n in (3, 11, 6, 20, 9)]
-    free_alone = engine(tiny_params, tok).generate(prompts[:2], 12, sp, seed=3)
-    eng = engine(tiny_params, tok, num_pages=1 + 28)  # 28 pages of 4: the requests preempt each other
-    free = [eng.add_request(p, sp, max_new_tokens=12, seed=3 + i) for i, p in enumerate(prompts[:2])]
-    schema = eng.add_request(prompts[2], sp, max_new_tokens=48, constraint=Constraint.json_schema(SCHEMA))
-    regex = eng.add_request(prompts[3], sp, max_new_tokens=20, constraint=Constraint.regex(r"[a-c]{3}-[0-9]{1,2}"))
-    choice = eng.add_request(prompts[4], sp, max_new_tokens=20, constraint=Constraint.choice(["yes", "no", "okay"]))
+def test_a_random_model_answers_every_grammar_and_free_rows_keep_their_tokens(tiny_params, tok):
+    """Greedy and sampled rows, free and constrained, in one crowded engine."""
+    greedy, hot = SamplingParams(), SamplingParams(temperature=1.0)
+    prompts = [
+        [1] + list(range(40 + 30 * i, 40 + 30 * i + n)) for i, n in enumerate((3, 11, 6, 20, 9))
+    ]  # no prefix shared
+    free_alone = [engine(tiny_params, tok).generate([p], 12, sp, seed=3)[0] for p, sp in zip(prompts, (greedy, hot))]
+    eng = engine(tiny_params, tok, num_pages=1 + 16)  # 16 pages of 4: the requests preempt each other
+    free = [eng.add_request(p, sp, max_new_tokens=12, seed=3) for p, sp in zip(prompts, (greedy, hot))]
+    schema = eng.add_request(prompts[2], hot, max_new_tokens=48, constraint=Constraint.json_schema(SCHEMA))
+    regex = eng.add_request(prompts[3], greedy, max_new_tokens=20, constraint=Constraint.regex(r"[a-c]{3}-[0-9]{1,2}"))
+    choice = eng.add_request(prompts[4], hot, max_new_tokens=20, constraint=Constraint.choice(["yes", "no", "okay"]))
     eng.run()
     assert [s.token_ids for s in free] == [r.generated_ids for r in free_alone]
+    assert eng.scheduler.preemptions > 0  # the pool was small enough: matchers survived a preemption
     assert schema.finish_reason == "eos" and valid(schema.text), schema.text
     assert regex.finish_reason == "eos" and re.fullmatch(r"[a-c]{3}-[0-9]{1,2}", regex.text), regex.text
     assert choice.finish_reason == "eos" and choice.text in ("yes", "no", "okay"), choice.text
@@ -155,6 +158,7 @@ def test_constrained_tokens_do_not_depend_on_the_rows_beside_them(tiny_params, t
     s = eng.add_request([1, 50, 51], sp, seed=9, max_new_tokens=48, constraint=c)
     eng.run()
     assert s.token_ids == alone.generated_ids and valid(s.text)
+    assert eng.scheduler.preemptions > 0
 
 
 def test_no_compilation_after_warmup_with_constrained_and_free_rows(tiny_params, tok):
@@ -200,3 +204,13 @@ def test_command_line_constraints(tmp_path):
         from_options(regex="a", choice="b")
     with pytest.raises(InvalidRequestError, match="cannot read"):
         from_options(json_schema=str(tmp_path / "missing.json"))
+
+
+def test_a_token_the_grammar_refuses_ends_that_request_not_the_engine(tiny_params, tok, monkeypatch):
+    eng = engine(tiny_params, tok)
+    monkeypatch.setattr(Matcher, "fill", lambda self, row: None)  # a mask that forbids nothing: a bug, simulated
+    broken = eng.add_request([1, 7, 8], max_new_tokens=8, constraint=Constraint.regex("q{5}"))
+    free = eng.add_request([1, 9], max_new_tokens=6, ignore_eos=True)
+    eng.run()
+    assert broken.finished and broken.finish_reason == "stop" and broken.token_ids == [], broken.text
+    assert free.finish_reason == "length" and len(free.token_ids) == 6
