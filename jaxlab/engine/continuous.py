@@ -366,7 +366,7 @@ class Engine:
             t0 = time.perf_counter()
             kept = req.matcher.advance(token)
             self.grammar_seconds += time.perf_counter() - t0
-            if not kept:  # the mask forbade it, so this is a bug of ours: end this request (text so far), not the engine
+            if not kept:  # the mask forbade it: a bug of ours. End this request (its text so far), not the engine
                 self.scheduler.finish(seq)
                 self.requests.pop(seq.id, None)
                 return [self._close(req, "stop", before)]
