@@ -269,8 +269,7 @@ CLAIMS: dict[str, Claim] = {
         source=ARTICLE + ", of JAX inference with the model quantization it names",
         measure="speed against float32 measured here (> 1 is faster)",
         at_least=1.1,
-        condition="the format meets a fast integer matmul (int8 x int8 -> int32 over two rows or more on XLA:CPU); "
-        "int8 written the obvious way and int4 have none",
+        condition="the format, and the way its product is written, meet a fast integer kernel of the backend at hand",
     ),
     "quantization_ecosystem_less_mature": Claim(
         quote="the ecosystem for local deployment (quantization, KV-cache management) is less mature",
@@ -415,6 +414,30 @@ CLAIMS: dict[str, Claim] = {
         unit="",
         at_least=1,
         steady=True,
+    ),
+    # --- notebook 17 ---
+    "functional_style_complicates_serving": Claim(
+        quote="the functional style complicates stateful model serving",
+        source=OPERATORS,
+        measure="programs compiled once requests that carry state between steps (a grammar's place in a JSON schema "
+        "or a regex, kept on the host) join a warmed-up batch of free requests",
+        unit="programs",
+        at_least=1,
+        steady=True,
+    ),
+    "grammar_makes_output_valid": Claim(
+        quote="a grammar applied as a token mask makes a model's replies match a JSON schema, without training",
+        source="this lab (notebook 17), after the structured outputs of vLLM and sglang-jax",
+        measure="replies to the extraction task, greedy through the schema's mask, that are schema-valid",
+        unit="",
+        at_least=1,
+        steady=True,
+    ),
+    "grammar_mask_costs_little": Claim(
+        quote="a masked decode step costs at most 1.15x the unconstrained step",
+        source="this lab's target for structured output (jaxlab bench --structured)",
+        measure="median decode step with every row constrained / every row free, one engine",
+        at_most=1.15,
     ),
 }
 

@@ -14,8 +14,11 @@ from jaxlab.lab.notebook import stored
 
 
 def stored_run() -> dict:
-    """The full fine-tuning run recorded with ``jaxlab finetune`` (``data/finetune/run-cpu.json``)."""
-    return json.loads(data_file("finetune", "run-cpu.json").read_text())
+    """The full fine-tuning run recorded with ``jaxlab finetune`` (``data/finetune/run-cpu.json``), with ``label``:
+    its host and date."""
+    run = json.loads(data_file("finetune", "run-cpu.json").read_text())
+    run["label"] = f"stored run: {run.get('host', {}).get('cpu', '?')}, {run.get('date', '?')}"
+    return run
 
 
 def stored_bench() -> dict:
@@ -125,5 +128,8 @@ def plot_train_bench(bench: dict):
 
 
 def stored_peers() -> dict:
-    """``make peers``' stored result: the exported GGUF files in llama.cpp (``data/bench/peers-export.json``)."""
-    return json.loads(data_file("bench", "peers-export.json").read_text())
+    """``make peers``' stored result: the exported GGUF files in llama.cpp (``data/bench/peers-export.json``), with
+    ``label``: its host and date."""
+    peers = json.loads(data_file("bench", "peers-export.json").read_text())
+    peers["label"] = f"stored run: {peers.get('cpu', '?')}, {peers.get('date', '?')}"
+    return peers

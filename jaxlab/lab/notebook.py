@@ -120,15 +120,22 @@ def _value(name: str, v) -> float:
     return out
 
 
-def verdict(key: str, measured, because: str = "") -> Verdict:
-    """Print a claim, what was measured and its verdict on this machine.
+def verdict(key: str, measured, because: str = "", source: str = "") -> Verdict:
+    """Print a claim, what was measured and its verdict, and where the numbers come from.
 
     ``measured`` is a number, or a mapping ``{setting: number}`` when the claim was measured in several settings.
     The claim's threshold (``jaxlab.lab.claims``) grades it: every value meets it -> HOLDS; some do ->
     HOLDS ONLY WHEN <the claim's condition>; none does -> DOES NOT HOLD.
+
+    ``source`` says where the numbers come from when some were not measured by this run: a stored run's label
+    (:func:`stored`'s ``label``: host and date), or "measured now and <label>" for a mix. Without it the verdict
+    reads "on this machine", which only numbers measured now may claim (tests/house/test_teaching.py checks that
+    a verdict fed from a stored run names it).
     """
     from jaxlab.lab.claims import claim, number, unit_suffix
 
+    if not isinstance(source, str):
+        raise TypeError(f"verdict({key!r}): source is a label (str), e.g. stored('...')['label']")
     c = claim(key)
     unit = unit_suffix(c.unit)
     if isinstance(measured, dict):
@@ -151,9 +158,19 @@ def verdict(key: str, measured, because: str = "") -> Verdict:
         v = _value(key, measured)
         lines = [f"Measured: {c.measure}: {number(v)}{unit} (needs {c.needs})"]
         word = "HOLDS" if c.meets(v) else "DOES NOT HOLD"
-    shown = f"{word} {c.condition}" if word == "HOLDS ONLY WHEN" else word
+    # The condition is the claim's, in general words; which settings met it is what this run found, so the verdict
+    # names them (on other hardware other settings meet it, and a fixed string would name the wrong ones).
+    shown = (
+        f"{word} {c.condition} (met by: {'; '.join(k for k, v in values.items() if c.meets(v))})"
+        if word == "HOLDS ONLY WHEN"
+        else word
+    )
     text = "\n".join(
-        [f'Claim: "{c.quote}" ({c.source})', *lines, f"Verdict on this machine: {shown}"]
+        [
+            f'Claim: "{c.quote}" ({c.source})',
+            *lines,
+            f"Verdict {f'({source})' if source else 'on this machine'}: {shown}",
+        ]
         + ([f"  because {because}"] if because else [])
     )
     print(text)

@@ -230,6 +230,7 @@ _ = verdict(
     {here: served["throughput_ratio"], stored: full["throughput_ratio"]},
     because="static batching wastes a slot for as long as its batch's longest row runs; a short trace with "
     "short outputs leaves little of that to win back",
+    source=f"measured now and {full['label']}",
 )
 p99 = {here: served["static"]["ttft_s"]["p99"] / served["continuous"]["ttft_s"]["p99"]}
 p99[stored] = full["ttft_p99_s"]["static"] / full["ttft_p99_s"]["continuous"]
@@ -238,6 +239,7 @@ _ = verdict(
     p99,
     because="a request that arrives during a static batch waits for the whole batch; a continuous one waits for "
     "one slot",
+    source=f"measured now and {full['label']}",
 )
 
 # %% [markdown]
@@ -282,6 +284,7 @@ _ = verdict(
         ],
     },
     because="reuse removes the shared prompt's prefill, not the decode steps a request waits for a free slot",
+    source=f"measured now and {full['label']}",
 )
 
 # %%

@@ -179,6 +179,7 @@ _ = verdict(
     ups,
     because=f"jaxlab ran at {min(ups.values()):.2f}x to {max(ups.values()):.2f}x PyTorch eager's speed on the stored "
     "run's CPU; a speed claim holds per machine and shape, if at all",
+    source=speed["label"],
 )
 
 # %% tags=["nbval-ignore-output"]
@@ -258,6 +259,7 @@ _ = verdict(
     },
     because="the questions paraphrase the docs; BM25 is ahead on recall@1 and MRR when a question names the API's "
     "own words",
+    source=f"measured now and {full['label']}",
 )
 
 # %% [markdown]
@@ -293,6 +295,7 @@ _ = verdict(
     because=f"{right['with']} answers of {rag['with']['questions']} name the gold fact with 3 passages, "
     f"{right['without']} without; only as often as the right passage is retrieved, and a 135M model still misreads "
     "or ignores passages",
+    source=full["label"],
 )
 
 

@@ -158,7 +158,7 @@ run = finetuning.stored_run()
 res = run["test"]
 table([{"model": name, "JSON match": f"{r['match']:.1%}", "exact string": f"{r['exact']:.1%}", "test items": r["n"]}
        for name, r in (("base SmolLM2-135M-Instruct", res["base"]), ("+ LoRA, 60 steps", res["tuned"]))])  # fmt: skip
-print(f"stored run: {run['host']['cpu']}, {run['date']}; {run['seconds']:.0f} s of steps "
+print(f"{run['label']}; {run['seconds']:.0f} s of steps "
       f"({run['tokens_per_second']:.0f} tokens/s) + {run['compile_seconds']:.0f} s compiling")  # fmt: skip
 for i in range(3):
     print(f"\n{test[i]['prompt'].split('Text: ')[1]}\n  base : {res['base']['replies'][i][:110]!r}"
@@ -196,6 +196,7 @@ _ = verdict(
         f"4 steps of 4, {len(after['replies'])} test items (here)": 100 * after["match"],
     },
     because="the inference model's one forward pass under jax.value_and_grad, and optax's update in one jitted step",
+    source=f"measured now and {run['label']}",
 )
 
 # %% [markdown]
@@ -222,6 +223,7 @@ _ = verdict(
     "remat_trades_memory",
     {f"{k.replace('full', 'full fine-tune')} (stored run)": v["memory_ratio"] for k, v in trade.items()},
     because="the backward pass recomputes each layer's inside instead of keeping it, for more step time",
+    source=bench["label"],
 )
 
 # %% [markdown]
@@ -259,6 +261,7 @@ _ = verdict(
     sum(r["status"] == "PASS" for r in peers["files"]),
     because="neither reads SavedModel or ONNX (vLLM reads safetensors folders, llama.cpp GGUF); exported as GGUF, "
     "the fine-tuned model runs in llama.cpp with jaxlab's greedy tokens (the stored peer check above)",
+    source=peers["label"],
 )
 
 

@@ -96,6 +96,37 @@ def test_verdicts_are_computed_from_measurements(path):
     assert used, f"{path.stem}: no verdict"
 
 
+def from_a_stored_run(node, tainted: set) -> bool:
+    """Whether ``node`` reads a stored run: a name or attribute that says ``stored`` (``stored("quant-cpu")``,
+    ``finetuning.stored_run()``, ``batching.STORED_TRACE``) or a name assigned from one earlier in the notebook."""
+    for n in ast.walk(node):
+        name = n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else None
+        if name is not None and ("stored" in name.lower() or name in tainted):
+            return True
+    return False
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_a_verdict_on_stored_numbers_says_where_they_come_from(path):
+    """ "Verdict on this machine" is for numbers this run measured: a verdict fed from a stored run (wholly or in
+    part) passes ``source=`` with the run's label (host and date), which the verdict line prints instead."""
+    tainted: set = set()
+    for i, _, tree in code_cells(path):
+        for n in ast.walk(tree):  # assignments in source order are enough: a notebook's cells run top to bottom
+            if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and n.value is not None:
+                if from_a_stored_run(n.value, tainted):
+                    targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+                    tainted |= {t.id for tg in targets for t in ast.walk(tg) if isinstance(t, ast.Name)}
+        for call in calls(tree, "verdict"):
+            fed = [a for a in call.args[1:2] + [k.value for k in call.keywords if k.arg == "measured"]]
+            if any(from_a_stored_run(a, tainted) for a in fed):
+                source = next((k.value for k in call.keywords if k.arg == "source"), None)
+                assert source is not None and not isinstance(source, ast.Constant), (
+                    f"{path.stem} cell {i}: verdict({ast.unparse(call.args[0])}) is fed from a stored run: pass "
+                    "source=<the run's label> (host and date), not 'on this machine'"
+                )
+
+
 def stored_verdicts(path):
     """(claim key, word) for each verdict in the notebook's stored outputs."""
     out = []
@@ -103,7 +134,9 @@ def stored_verdicts(path):
         for o in c.get("outputs", []):
             text = o.get("text", "")
             text = text if isinstance(text, str) else "".join(text)
-            for m in re.finditer(r'Claim: "(.*?)" \(.*?\n(?:.*\n)*?Verdict on this machine: ([A-Z ]+)', text):
+            for m in re.finditer(
+                r'Claim: "(.*?)" \(.*?\n(?:.*\n)*?Verdict (?:on this machine|\(.*?\)): ([A-Z ]+)', text
+            ):
                 word = next((w for w in sorted(WORDS, key=len, reverse=True) if m.group(2).startswith(w)), None)
                 out.append((BY_QUOTE.get(m.group(1)), word, m.group(1)))
     return out

@@ -40,6 +40,23 @@ def test_grades(speedup, capsys):
     assert "because dispatch" in out and "25x  meets" in out
 
 
+def test_holds_only_when_names_the_settings_that_met_it(speedup):
+    """The condition is the claim's general words; the settings that met the threshold are this run's finding (on
+    other hardware others meet it), so the verdict lists them instead of a fixed string."""
+    v = verdict(speedup, {"one matmul": 1.1, "decode step": 25.0, "prefill": 2.2})
+    assert v.text.endswith("HOLDS ONLY WHEN the step is small ops (met by: decode step; prefill)")
+    v = verdict(speedup, {"one matmul": 2.1, "decode step": 1.0})
+    assert v.text.endswith("(met by: one matmul)")
+
+
+def test_a_verdict_says_where_its_numbers_come_from(speedup):
+    assert "Verdict on this machine: HOLDS" in verdict(speedup, 2.5).text
+    v = verdict(speedup, 2.5, source="stored run: Some CPU, 2 CPUs, 2026-12-05")
+    assert "Verdict (stored run: Some CPU, 2 CPUs, 2026-12-05): HOLDS" in v.text and "on this machine" not in v.text
+    with pytest.raises(TypeError, match="label"):
+        verdict(speedup, 2.5, source={"cpu": "x"})
+
+
 def test_refuses_what_was_not_measured(speedup):
     with pytest.raises(TypeError, match="got a bool"):
         verdict(speedup, True)
