@@ -45,6 +45,8 @@
 # | 13 | Pallas kernels | grids, BlockSpecs, the online softmax; flash attention and paged decode by hand, lowered for TPU and GPU |
 # | 14 | encoder and retrieval | a BERT sentence encoder in Flax, dense retrieval against BM25, answers with sources |
 # | 15 | fine-tuning | LoRA with `jax.grad` and optax on a task the model fails, training speed, export to GGUF and safetensors |
+# | 16 | the TPU from this CPU | libtpu compiles for a v5e with no chip attached: memory, layouts, does it fit, Mosaic's refusals |
+# | 17 | structured output | a JSON schema or regex as a token mask inside the compiled step; what it buys and costs |
 #
 # ## Three ways to run the lab
 #

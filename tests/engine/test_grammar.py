@@ -161,6 +161,27 @@ def test_constrained_tokens_do_not_depend_on_the_rows_beside_them(tiny_params, t
     assert eng.scheduler.preemptions > 0
 
 
+def test_constrained_requests_read_a_shared_prefix_and_keep_their_tokens(tiny_params, tok):
+    """Prefix reuse skips the shared prompt's prefill; the grammar starts after the prompt, so the tokens are the
+    same with reuse on and off."""
+    sp, c = SamplingParams(temperature=1.0), Constraint.json_schema(SCHEMA)
+    shared = [1] + list(range(60, 76))  # four full pages of 4
+    prompts = [shared + [100 + i, 120 + i] for i in range(3)]
+    got = {}
+    for reuse in (False, True):
+        eng = engine(tiny_params, tok, prefix_reuse=reuse)
+        first = eng.add_request(prompts[0], sp, seed=5, max_new_tokens=48, constraint=c)
+        eng.run()  # the first registers the prefix; the others then read it
+        rest = [
+            eng.add_request(p, sp, seed=5 + i, max_new_tokens=48, constraint=c) for i, p in enumerate(prompts[1:], 1)
+        ]
+        eng.run()
+        got[reuse] = [s.token_ids for s in (first, *rest)]
+        assert all(valid(s.text) for s in (first, *rest)), [s.text for s in (first, *rest)]
+        assert (eng.pool.reused_pages >= 2 * 4) == reuse, eng.pool.reused_pages
+    assert got[True] == got[False]
+
+
 def test_no_compilation_after_warmup_with_constrained_and_free_rows(tiny_params, tok):
     eng = engine(tiny_params, tok)  # the shared table: warm-up compiles what the tests before did not
     eng.warmup(sampling=True)

@@ -36,6 +36,7 @@ EXPECTED = [
     "09_quantization",
     "10_speculative_decoding",
     "16_tpu_from_cpu",
+    "17_structured_output",
 ]
 IGNORE_TAGS = {"nbval-ignore-output", "nbval-skip"}
 
