@@ -119,6 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
     from jaxlab.lab import checking
 
     checking.add_arguments(sub.add_parser("check", help="run a saved notebook's exercises through their checks"))
+    from jaxlab.lab import verdicts
+
+    verdicts.add_arguments(
+        sub.add_parser("verdicts", help="every claim's verdict from your saved notebooks, side by side (the wrap-up)")
+    )
 
     c = sub.add_parser("chat", help="interactive chat with history and streamed output")
     c.add_argument("--system", default=None, help="system message")
@@ -485,6 +490,12 @@ def cmd_check(args, out=None):
     return checking.run(args, out or sys.stdout)
 
 
+def cmd_verdicts(args, out=None):
+    from jaxlab.lab import verdicts
+
+    return verdicts.run(args, out or sys.stdout)
+
+
 def cmd_serve(args):
     try:
         import prometheus_client  # noqa: F401
@@ -496,6 +507,7 @@ def cmd_serve(args):
         ) from None
     from jaxlab.serve import ServeOptions, serve, served_name
 
+    _port_free(args.host, args.port)  # before a minute of loading and compiling, not after
     model = _model_options(args)
     options = ServeOptions(
         model_name=args.served_model_name or served_name(args.model),
@@ -524,6 +536,29 @@ def cmd_serve(args):
     engine.warmup(sampling=True, top_logprobs=True)  # a request never compiles on the engine's thread
     sys.stderr.write(f"jaxlab serve: compiled in {time.perf_counter() - t0:.1f} s\n")
     return serve(engine, options)
+
+
+def _port_free(host: str, port: int) -> None:
+    """Refuse a port another process holds (a second `jaxlab serve` in a classroom) with what to do, instead of
+    uvicorn's bind error after the model has loaded and compiled."""
+    import socket
+
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise JaxlabError(f"--host {host}: not an address this machine can serve on ({e.strerror})") from None
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a TIME_WAIT port is free
+        try:
+            sock.bind(addr)
+        except OSError as e:
+            raise JaxlabError(
+                f"port {port} on {host} is in use ({e.strerror}): another server (a second `jaxlab serve`?) holds "
+                f"it; stop that one or choose another port, e.g. --port {port + 1}"
+            ) from None
 
 
 def _read_lines(path: str) -> list[str]:
@@ -611,6 +646,7 @@ COMMANDS = {
     "finetune": cmd_finetune,
     "compile": cmd_compile,
     "check": cmd_check,
+    "verdicts": cmd_verdicts,
     "bench": cmd_bench,
 }
 

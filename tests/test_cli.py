@@ -126,6 +126,19 @@ def test_bad_input_one_line(capsys, args, match):
     assert match in one_clean_line(err)
 
 
+def test_serve_on_a_busy_port_says_so_before_loading_the_model(capsys):
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        # a model that does not exist: the port is checked first, so its error is the one the user sees
+        code, _, err = run_main(capsys, ["serve", "--port", str(port), "--model", "/nonexistent/model.gguf"])
+    assert code == 1
+    assert f"port {port} on 127.0.0.1 is in use" in one_clean_line(err) and f"--port {port + 1}" in err
+
+
 @pytest.mark.parametrize(
     "args, code, match",
     [

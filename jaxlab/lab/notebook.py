@@ -29,7 +29,11 @@ def setup(compile_cache: bool = True, quiet: bool = False) -> dict:
         matplotlib.rcParams.update({"figure.figsize": (7, 3.5), "figure.dpi": 90, "axes.grid": True})
     except ImportError:
         pass
+    import datetime
+    import os
+
     from jaxlab.engine.model import PROXY_ENV, proxy_backend
+    from jaxlab.tools.hardware import cpu_name
 
     info = {
         "jaxlab": __version__,
@@ -38,10 +42,15 @@ def setup(compile_cache: bool = True, quiet: bool = False) -> dict:
         "device_count": jax.device_count(),
         "proxy": proxy_backend(),
     }
+    # Where and when this run happened: `jaxlab verdicts` reads it back from the saved notebook to tell a run on
+    # the student's machine from the lab's stored outputs (nbval_sanitize.cfg masks it for the comparison).
+    chip = "" if info["backend"] == "cpu" else f", {jax.devices()[0].device_kind}"
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    info["run_on"] = f"{cpu_name()}, {os.cpu_count()} CPUs{chip}, {when}"
     if not quiet:
         print(
             f"jaxlab {info['jaxlab']} | jax {info['jax']} | backend {info['backend']} "
-            f"({info['device_count']} device{'s' if info['device_count'] != 1 else ''})"
+            f"({info['device_count']} device{'s' if info['device_count'] != 1 else ''}) | run on {info['run_on']}"
         )
         if info["proxy"]:
             print(
@@ -144,7 +153,9 @@ def verdict(key: str, measured, because: str = "", source: str = "") -> Verdict:
         values = {str(k): _value(key, v) for k, v in measured.items()}
         width = max(map(len, values))
         lines = [f"Measured: {c.measure} (needs {c.needs})"]
-        lines += [f"  {k.ljust(width)}  {number(v)}{unit}  {'meets' if c.meets(v) else '-'}" for k, v in values.items()]
+        shown = {k: f"{number(v)}{unit}" for k, v in values.items()}
+        vw = max(map(len, shown.values()))
+        lines += [f"  {k.ljust(width)}  {shown[k].rjust(vw)}  {c.margin(v)}" for k, v in values.items()]
         met = [c.meets(v) for v in values.values()]
         if all(met):
             word = "HOLDS"
@@ -156,7 +167,7 @@ def verdict(key: str, measured, because: str = "", source: str = "") -> Verdict:
             word = "DOES NOT HOLD"
     else:
         v = _value(key, measured)
-        lines = [f"Measured: {c.measure}: {number(v)}{unit} (needs {c.needs})"]
+        lines = [f"Measured: {c.measure}: {number(v)}{unit} (needs {c.needs}: {c.margin(v)})"]
         word = "HOLDS" if c.meets(v) else "DOES NOT HOLD"
     # The condition is the claim's, in general words; which settings met it is what this run found, so the verdict
     # names them (on other hardware other settings meet it, and a fixed string would name the wrong ones).
@@ -169,6 +180,7 @@ def verdict(key: str, measured, because: str = "", source: str = "") -> Verdict:
         [
             f'Claim: "{c.quote}" ({c.source})',
             *lines,
+            f"Threshold {c.needs}: {c.reason}",
             f"Verdict {f'({source})' if source else 'on this machine'}: {shown}",
         ]
         + ([f"  because {because}"] if because else [])

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 00 · Setup: the lab, your device, the model
 #
-# *About 25 minutes.* **jaxlab** builds an LLM inference stack in JAX and Flax, stage by stage, on a real pretrained model:
+# *About 25 minutes (15 on the 3-hour workshop path, which skips the sections marked so).* **jaxlab** builds an LLM inference stack in JAX and Flax, stage by stage, on a real pretrained model:
 # SmolLM2-135M-Instruct. Popular articles promise that `jit`, `vmap`, KV caches and friends make
 # inference fast. Each notebook quotes such a claim, **measures** it on the device you are using,
 # and prints a verdict. Every optimization also comes with a correctness check: the fast path must
@@ -48,7 +48,7 @@
 # | 16 | the TPU from this CPU | libtpu compiles for a v5e with no chip attached: memory, layouts, does it fit, Mosaic's refusals |
 # | 17 | structured output | a JSON schema or regex as a token mask inside the compiled step; what it buys and costs |
 #
-# ## Three ways to run the lab
+# ## Three ways to run the lab *(3-hour path: skip)*
 #
 # - **Locally**: `make lab` creates `.venv`, installs the pinned versions, fetches and verifies the
 #   model, and opens JupyterLab on `notebooks/`. `make test` runs the test suite; the notebooks are
@@ -135,7 +135,7 @@ out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
 print("a fresh process with the flag sees:", out.stdout.strip())
 
 # %% [markdown]
-# ## `jaxlab info`
+# ## `jaxlab info` *(3-hour path: skip)*
 #
 # In a terminal, `jaxlab info` prints the versions, devices, matmul precision, the model file and the
 # cache folders: paste it into any bug report. Here we print the same text from inside the kernel

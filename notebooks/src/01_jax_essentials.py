@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 01 · JAX essentials: tracing, `jit` and honest timing
 #
-# *About 45 minutes.* Every later notebook leans on four ideas: JAX **traces** a Python function into a small program,
+# *About 45 minutes (35 on the 3-hour workshop path, which skips the sections marked so).* Every later notebook leans on four ideas: JAX **traces** a Python function into a small program,
 # **compiles** it with XLA, **caches** the result by the shapes and dtypes it saw, and runs it
 # **asynchronously**. This notebook makes each idea visible, then measures what `jit` really buys on
 # the lab's model, SmolLM2-135M.
@@ -314,7 +314,7 @@ _ = verdict("jit_cpp_bypasses_interpreter", python_calls,
 
 
 # %% [markdown]
-# ## 5. Randomness inside `jit`: NumPy vs `jax.random`
+# ## 5. Randomness inside `jit`: NumPy vs `jax.random` *(3-hour path: skip)*
 #
 # The article's inference function draws its (fake) logits with
 # `np.random.rand(len(input_ids), 1024)` inside `@jit`. NumPy knows nothing about tracing: it runs
@@ -355,7 +355,7 @@ print("compilations for three calls:", cc.count)
 # Never reuse a key for two different draws: `jax.random.split` it, as `jaxlab.Generator` does once
 # per generated token.
 #
-# ## 6. Errors: the ones JAX has, and one it does not
+# ## 6. Errors: the ones JAX has, and one it does not *(3-hour path: skip)*
 #
 # The article's error handling reads `except jax.errors.TracebackError as e:`. There is no such type:
 

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 04 · jit and generation: from the naive loop to the whole loop on device
 #
-# *About 45 minutes.* Generating text is a loop: run the model, pick the next token, append it, repeat. How you write
+# *About 45 minutes (35 on the 3-hour workshop path, which skips the sections marked so).* Generating text is a loop: run the model, pick the next token, append it, repeat. How you write
 # that loop decides how often XLA compiles, how much work each token repeats, and how often Python
 # has to step in. This notebook builds the loop four times on the real SmolLM2-135M model, from
 # the obvious version to the fast one. Every version must give **the same greedy tokens**: the ones
@@ -183,7 +183,7 @@ check("eager greedy tokens == golden", *compare_greedy(eager.tokens, golden_ids,
 _ = check("its first step compiled dozens of small programs (one per operation and shape)", eager.compiles > 20)
 
 # %% [markdown]
-# ## 4 · The whole loop on device
+# ## 4 · The whole loop on device *(3-hour path: skip)*
 #
 # The host loop still pays for one dispatch from Python and one device-to-host copy per token. If we
 # do not need to see each token as it is made (a benchmark, a batch job, a fixed-length answer),
@@ -201,7 +201,7 @@ check("on-device greedy tokens == golden", *compare_greedy(on_device.tokens, gol
 print(f"{on_device.name}: {N} tokens, {on_device.compiles} new compilation")
 
 # %% [markdown]
-# ## 5 · Every stage, the same tokens
+# ## 5 · Every stage, the same tokens *(3-hour path: skip)*
 #
 # Each stage is an optimization of the one before, so none may change the answer (on TPU and GPU, in
 # bfloat16, each program may round differently: there the first 16 tokens must agree, as above):

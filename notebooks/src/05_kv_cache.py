@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 05 · The KV cache
 #
-# *About 40 minutes.* To generate token *n + 1*, attention needs the keys and values of all *n* tokens before it. They do
+# *About 40 minutes (35 on the 3-hour workshop path, which skips the sections marked so).* To generate token *n + 1*, attention needs the keys and values of all *n* tokens before it. They do
 # not change once computed (a token only attends backwards), so a model can keep them: the **KV cache**.
 # Without it, every new token recomputes the whole prefix. In this notebook the cache is explicit state,
 # a pytree passed into the jitted step and returned from it, and we measure what it costs and what it buys.
@@ -325,7 +325,7 @@ _ = verdict("kv_cache_cheaper_next_token", {f"{r['context']} tokens of context":
 #   dominated by reading the weights. The uncached curve should start flat, and the cache pay off only
 #   at longer contexts, where the verdict above may well read differently. Run the notebook there and see.
 #
-# ## 7 · Left padding and positions −1
+# ## 7 · Left padding and positions −1 *(3-hour path: skip)*
 #
 # A batch needs one array, but prompts have different lengths. jaxlab pads on the **left** and gives
 # padding tokens position **−1**. Attention lets a query at position *p* see keys whose position lies in
@@ -346,7 +346,7 @@ last = uncached_logits(params, jnp.asarray(tok1[:1]), jnp.asarray(pos1[:1]))[0, 
 print(short["prompt"], "|", compare_logits(np.asarray(last), short["last_logits"], rtol=agreement_rtol(params))[1])
 
 # %% [markdown]
-# ## 8 · Rollback
+# ## 8 · Rollback *(3-hour path: skip)*
 #
 # Speculative decoding guesses several tokens, checks them, and must *forget* the rejected ones.
 # `rollback(cache, index)` does that without touching K or V: it moves `index` back and marks the later

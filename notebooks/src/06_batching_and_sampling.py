@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 06 · Batching and sampling
 #
-# *About 40 minutes.* A decode step at batch 1 reads every weight of the model to produce a single token. Serving many
+# *About 40 minutes (30 on the 3-hour workshop path, which skips the sections marked so).* A decode step at batch 1 reads every weight of the model to produce a single token. Serving many
 # requests at once is how an inference server gets more out of each read: it is the biggest
 # throughput lever there is. This notebook batches the real SmolLM2-135M model two ways (with `vmap`
 # and natively), handles prompts of different lengths, measures throughput against batch size, and
@@ -321,7 +321,7 @@ _ = verdict("explicit_prng_keys", sum(consistent) / len(pairs),
             because="every draw takes a key made from the seed; nothing else (no global state) decides the tokens")
 
 # %% [markdown]
-# ## 5 · An explorer
+# ## 5 · An explorer *(3-hour path: skip)*
 #
 # Type a prompt, set the temperature and top-p, press **Generate**, and watch the reply stream in.
 # The sliders' values are passed into the jitted step as arrays, not baked into the program, so

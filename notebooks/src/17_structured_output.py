@@ -207,10 +207,12 @@ plt.show()
 # Two costs: the host computes each constrained row's mask between steps (llguidance, about a tenth of a
 # millisecond a row here), and the device unpacks and applies it inside the step. `jaxlab.bench.structured.step_cost`
 # times the decode step with every row free and with every row under the schema, in one engine, over the steps
-# where every row decodes. **Predict first:** at batch 8, what fraction of a step is the mask?
+# where every row decodes: three rounds, each kind's best median (one round on this shared 2-core machine ranged
+# from 1.00x to 1.37x over four runs; the best of three stayed within a few percent). **Predict first:** at batch
+# 8, what fraction of a step is the mask?
 
 # %% tags=["nbval-ignore-output"]
-cost = step_cost(m.params, tok, items, 8, lambda _: None, new_tokens=40, reps=1)
+cost = step_cost(m.params, tok, items, 8, lambda _: None, new_tokens=40, reps=3)
 print(f"batch 8: free {cost['free']['step_s'] * 1e3:.1f} ms/step, with the schema {cost['schema']['step_s'] * 1e3:.1f} "
       f"ms/step ({cost['ratio']:.2f}x); the host's grammar work {cost['schema']['grammar_s'] * 1e3:.2f} ms a step "
       f"({cost['grammar_share']:.1%} of it)")

@@ -21,6 +21,7 @@ import pytest
 
 from jaxlab.lab.claims import CLAIMS
 from jaxlab.lab.notebook import WORDS
+from jaxlab.lab.verdicts import read as read_verdicts
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -128,18 +129,9 @@ def test_a_verdict_on_stored_numbers_says_where_they_come_from(path):
 
 
 def stored_verdicts(path):
-    """(claim key, word) for each verdict in the notebook's stored outputs."""
-    out = []
-    for c in cells(path):
-        for o in c.get("outputs", []):
-            text = o.get("text", "")
-            text = text if isinstance(text, str) else "".join(text)
-            for m in re.finditer(
-                r'Claim: "(.*?)" \(.*?\n(?:.*\n)*?Verdict (?:on this machine|\(.*?\)): ([A-Z ]+)', text
-            ):
-                word = next((w for w in sorted(WORDS, key=len, reverse=True) if m.group(2).startswith(w)), None)
-                out.append((BY_QUOTE.get(m.group(1)), word, m.group(1)))
-    return out
+    """(claim key, word, quote) for each verdict in the notebook's stored outputs (the parser `jaxlab verdicts`
+    uses)."""
+    return [(f.key, f.word, f.quote) for f in read_verdicts(path).verdicts]
 
 
 def test_stored_verdicts_are_graded_and_agree_across_notebooks():

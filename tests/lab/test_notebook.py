@@ -21,9 +21,14 @@ def speedup(monkeypatch):
             "speed-up of jit over eager",
             at_least=2.0,
             condition="the step is small ops",
+            reason="the claim's own lower figure",
         ),
     )
-    monkeypatch.setitem(claims.CLAIMS, "t_compiles", Claim("it recompiles", "a test", "compiles", unit="", at_most=0))
+    monkeypatch.setitem(
+        claims.CLAIMS,
+        "t_compiles",
+        Claim("it recompiles", "a test", "compiles", unit="", at_most=0, reason="none at all"),
+    )
     return "t_speedup"
 
 
@@ -36,8 +41,10 @@ def test_grades(speedup, capsys):
     assert verdict(speedup, {"a": 1, "b": 1.5}).word == "DOES NOT HOLD"
     assert verdict("t_compiles", 0).word == "HOLDS" and verdict("t_compiles", 3).word == "DOES NOT HOLD"
     out = capsys.readouterr().out
-    assert 'Claim: "jit is 2-3x faster" (a test)' in out and "needs >= 2x" in out and "1.1x  -" in out
-    assert "because dispatch" in out and "25x  meets" in out
+    assert 'Claim: "jit is 2-3x faster" (a test)' in out and "needs >= 2x" in out and "1.1x  short by 0.9x" in out
+    assert "because dispatch" in out and "25x  meets by 23x" in out
+    assert "Threshold >= 2x: the claim's own lower figure" in out and "2.5x (needs >= 2x: meets by 0.5x)" in out
+    assert "0 (needs <= 0: meets (at the bound))" in out
 
 
 def test_holds_only_when_names_the_settings_that_met_it(speedup):
@@ -69,11 +76,13 @@ def test_refuses_what_was_not_measured(speedup):
     with pytest.raises(KeyError, match="claims.py"):
         verdict("no_such_claim", 1.0)
     with pytest.raises(ValueError, match="exactly one"):
-        Claim("q", "s", "m")
+        Claim("q", "s", "m", reason="r")
+    with pytest.raises(ValueError, match="reason"):
+        Claim("q", "s", "m", at_least=1)
 
 
 def test_a_claim_holding_in_some_settings_needs_its_condition(monkeypatch):
-    monkeypatch.setitem(claims.CLAIMS, "t_bare", Claim("q", "s", "m", at_least=1))
+    monkeypatch.setitem(claims.CLAIMS, "t_bare", Claim("q", "s", "m", at_least=1, reason="r"))
     with pytest.raises(ValueError, match="condition"):
         verdict("t_bare", {"a": 0, "b": 2})
 
