@@ -355,11 +355,13 @@ CLAIMS: dict[str, Claim] = {
         condition="requests arrive while a static batch is still running",
     ),
     "prefix_reuse_ttft": Claim(
-        quote="prefix reuse lowers the median time to first token at least 3x",
-        source="the usual claim for prefix caching (vLLM automatic prefix caching, SGLang's RadixAttention)",
-        measure="median time to first token, reuse off / on, requests sharing a system prompt",
-        at_least=3.0,
-        reason="the target set for prefix reuse in this lab's continuous-batching issue (3x lower p50 TTFT)",
+        quote="prefix caching is almost a free lunch and won't change model outputs",
+        source="vLLM's design notes, 'Automatic Prefix Caching' (docs.vllm.ai, design/v1/prefix_caching)",
+        measure="median time to first token, reuse off / on, requests sharing a system prompt (the outputs are "
+        "checked identical beside it)",
+        at_least=1.2,
+        reason="a lunch is a gain a user notices: the median first token at least a fifth sooner; 'free' and "
+        "'won't change model outputs' are the identical tokens, checked beside the verdict",
         condition="the shared prompt is most of each request's work and requests do not wait for slots",
     ),
     # --- notebook 12 ---

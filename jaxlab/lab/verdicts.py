@@ -124,7 +124,7 @@ def report(runs: list[NotebookRun], out) -> dict:
     out.write(
         f"\n{len(rows)} verdicts: "
         + ", ".join(f"{n} {w}" for w, n in tally.items() if n)
-        + f"; {stored} from stored runs, {len(rows) - stored} measured by the run\n"
+        + f"; {stored} fed from stored runs (wholly or in part), {len(rows) - stored} measured by the run alone\n"
     )
     split = {}
     for _, f in rows:

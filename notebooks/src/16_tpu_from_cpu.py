@@ -66,7 +66,7 @@ print(f"TPU v5e, published: {V5E.peak_flops / 1e12:.0f} TFLOP/s bfloat16, {V5E.h
 # %%
 devices = hardware.topology_devices("v5e-1")
 print(devices, "|", devices[0].device_kind, "|", devices[0].platform)
-check("libtpu describes a v5e chip on this CPU host", devices[0].platform == "tpu" and "v5" in devices[0].device_kind)
+_ = check("libtpu describes a v5e chip on this CPU host", devices[0].platform == "tpu" and "v5" in devices[0].device_kind)
 
 # %% [markdown]
 # ## 2 · The decode step, compiled for v5e
@@ -93,8 +93,8 @@ table([{"": "arguments (weights, cache, tokens)", "MB": step.argument_bytes / 1e
 check("the decode step compiles for v5e-1", step.ok)
 check("it holds the weights and the cache, and fits the 16 GB chip", step.argument_bytes >= smol.weights_bytes
       and smol.fits)
-check("the donated cache is written in place (its outputs alias the cache's buffers)",
-      step.alias_bytes >= smol.cache_bytes)
+_ = check("the donated cache is written in place (its outputs alias the cache's buffers)",
+          step.alias_bytes >= smol.cache_bytes)
 
 # %% [markdown]
 # **Layouts.** A TPU stores arrays in tiles: `bf16[576,192]{0,1:T(8,128)(2,1)}` reads "dimension 0 is minor, tiles
@@ -109,8 +109,8 @@ for layout in chips.parameter_layouts(step.executable.as_text()):
 
 # %%
 print(f"tiled / logical argument bytes: {step.padding:.3f}")
-check("the layouts pad the decode step's arguments by under 5 % (head_dim 64 never sits alone in 128 lanes)",
-      step.padding < 1.05)
+_ = check("the layouts pad the decode step's arguments by under 5 % (head_dim 64 never sits alone in 128 lanes)",
+          step.padding < 1.05)
 
 # %% [markdown]
 # The K cache is `[B·KVH, S, 64]`: a minor dimension of 64 would pad to 128 lanes, but the compiler gave it a layout
@@ -135,8 +135,8 @@ print(f"floor: ({smol.weights_bytes / 1e6:.0f} MB weights + {smol.cache_bytes / 
       f"{V5E.hbm_bandwidth / 1e9:.0f} GB/s = {floor * 1e3:.2f} ms")
 check("the cache the compiled step aliases is the formula's bytes (plus pos and index: under 1 % more)",
       0 <= step.alias_bytes / (kv_token * 32 * 2048) - 1 < 0.01)
-check("the compiled program's prediction is at or above the floor, within 10 %",
-      floor <= step.predicted_s <= 1.1 * floor)
+_ = check("the compiled program's prediction is at or above the floor, within 10 %",
+          floor <= step.predicted_s <= 1.1 * floor)
 
 # %% [markdown]
 # **When does decode turn compute-bound?** A step over B rows does 2 FLOPs per parameter per row and, counting the
@@ -166,8 +166,8 @@ table([{"decode step": k, "FLOP/byte (FLOPs / bytes moved)": r.programs[0].flops
 
 # %%
 bounds = {k: r.programs[0].bound for k, r in sweep.items()}
-check("batch 32 x 2048 is memory-bound and batch 512 x 16 compute-bound, as the formula says",
-      bounds == {"batch 32, context 2048": "memory", "batch 512, context 16": "compute"})
+_ = check("batch 32 x 2048 is memory-bound and batch 512 x 16 compute-bound, as the formula says",
+          bounds == {"batch 32, context 2048": "memory", "batch 512, context 16": "compute"})
 
 # %% [markdown]
 # ## 4 · Does it fit?
@@ -195,9 +195,9 @@ said = {k: (r.programs[0].ok and bool(r.fits)) for k, r in fit.items()}
 print(said)
 check("SmolLM2-135M at batch 32 x 2048 and SmolLM2-1.7B at 8 x 4096 fit a v5e", said["SmolLM2-135M bf16, 32 x 2048"]
       and said["SmolLM2-1.7B bf16, 8 x 4096"])
-check("Llama-3-8B in bfloat16 is refused for lack of HBM, and fits with int8 weights and KV cache",
-      "RESOURCE_EXHAUSTED" in fit["Llama-3-8B bf16, 8 x 4096"].programs[0].message
-      and said["Llama-3-8B int8 + int8 KV, 8 x 4096"])
+_ = check("Llama-3-8B in bfloat16 is refused for lack of HBM, and fits with int8 weights and KV cache",
+          "RESOURCE_EXHAUSTED" in fit["Llama-3-8B bf16, 8 x 4096"].programs[0].message
+          and said["Llama-3-8B int8 + int8 KV, 8 x 4096"])
 
 # %% [markdown]
 # The refusal is the compiler's own sentence (`jaxlab compile` prints its first line). The 8B model's weights
@@ -215,8 +215,8 @@ check("Llama-3-8B in bfloat16 is refused for lack of HBM, and fits with int8 wei
 bad = chips.refused_block("v5e-1", block=(3, 100))
 print(bad.name, "->", "compiled" if bad.ok else "refused")
 print(bad.message.split(" Block spec")[0])  # the rest names this file and line
-check("a (3, 100) block is refused with Mosaic's reason (divisible by 8 and 128)",
-      not bad.ok and "divisible by 8 and 128" in bad.message)
+_ = check("a (3, 100) block is refused with Mosaic's reason (divisible by 8 and 128)",
+          not bad.ok and "divisible by 8 and 128" in bad.message)
 
 # %% [markdown]
 # And the lab's three kernels at SmolLM2's shapes, each a `tpu_custom_call` (Mosaic's kernel) inside the TPU program:
@@ -227,8 +227,8 @@ table([{"kernel": p.name, "compiled": p.ok, "tpu_custom_call": p.custom_calls.ge
         "s": p.seconds} for p in kern.programs]);
 
 # %%
-check("the three Pallas kernels compile through Mosaic for v5e, one custom call each",
-      all(p.ok and p.custom_calls.get("tpu_custom_call") == 1 for p in kern.programs) and len(kern.programs) == 3)
+_ = check("the three Pallas kernels compile through Mosaic for v5e, one custom call each",
+          all(p.ok and p.custom_calls.get("tpu_custom_call") == 1 for p in kern.programs) and len(kern.programs) == 3)
 
 # %% [markdown]
 # ## 6 · A v5e-8's collectives, beside notebook 08's simulation
@@ -243,8 +243,8 @@ two = cc.Settings(SMOL.replace(n_layers=2), batch=8, context=256)
 tp = {chip: cc.compile_all(two, chip, only=lambda n: "tensor-parallel" in n).programs[0] for chip in ("v5e-8", "cpu")}
 for chip, p in tp.items():
     print(f"{chip:6s} {p.name}: {p.collectives}")
-check("the v5e-8 program has the CPU simulation's collectives: 2 all-reduces per layer",
-      tp["v5e-8"].collectives == tp["cpu"].collectives == {"all-reduce": 2 * two.config.n_layers})
+_ = check("the v5e-8 program has the CPU simulation's collectives: 2 all-reduces per layer",
+          tp["v5e-8"].collectives == tp["cpu"].collectives == {"all-reduce": 2 * two.config.n_layers})
 
 # %% [markdown]
 # ## 7 · A prediction against a measurement
@@ -266,8 +266,8 @@ plt.show()
 
 # %%
 measured = [p for p in cpu.programs if p.measured_s is not None]
-check(f"{len(measured)} programs measured, each at or above its prediction (a roofline is a lower bound)",
-      len(measured) >= 5 and all(p.measured_s >= p.predicted_s for p in measured))
+_ = check(f"{len(measured)} programs measured, each at or above its prediction (a roofline is a lower bound)",
+          len(measured) >= 5 and all(p.measured_s >= p.predicted_s for p in measured))
 
 # %% [markdown]
 # On a CPU the programs land between about 1× and 10× their predictions: the small ones pay per-operation costs

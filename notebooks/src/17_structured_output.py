@@ -173,13 +173,13 @@ for r in constrained[:3]:
     print(repr(r.text))
 con_valid = sum(schema_valid(r.text) for r in constrained) / len(constrained)
 con_fields = sum(fields_exact(r.text, e["answer"]) for r, e in zip(constrained, items)) / len(items)
-table(
-    [
-        {"decoding": "free", "schema-valid": f"{free_valid:.0%}", "fields right": f"{free_fields:.0%}",
-         "new tokens": sum(len(r.generated_ids) for r in free)},
-        {"decoding": "with the schema", "schema-valid": f"{con_valid:.0%}", "fields right": f"{con_fields:.0%}",
-         "new tokens": sum(len(r.generated_ids) for r in constrained)},
-    ]
+_ = table(
+        [
+            {"decoding": "free", "schema-valid": f"{free_valid:.0%}", "fields right": f"{free_fields:.0%}",
+             "new tokens": sum(len(r.generated_ids) for r in free)},
+            {"decoding": "with the schema", "schema-valid": f"{con_valid:.0%}", "fields right": f"{con_fields:.0%}",
+             "new tokens": sum(len(r.generated_ids) for r in constrained)},
+        ]
 )
 
 # %%

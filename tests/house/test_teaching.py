@@ -153,6 +153,19 @@ def test_stored_verdicts_are_graded_and_agree_across_notebooks():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_return_value_echoed_under_a_cell(path):
+    """check() and table() print what a reader should see and also return it (a bool, the table's text): left as a
+    cell's last expression, Jupyter echoes the return value too ('True', or the table again as one quoted line)."""
+    for i, c in enumerate(cells(path)):
+        for o in c.get("outputs", []):
+            if o.get("output_type") == "execute_result":
+                text = "".join(o.get("data", {}).get("text/plain", ""))
+                assert text not in ("True", "False") and not text.startswith(("'", '"')), (
+                    f"{path.stem} cell {i}: the cell echoes {text[:40]!r}: assign its last call to _"
+                )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_at_least_two_figures(path):
     images = sum(
         1

@@ -64,7 +64,10 @@ def test_reads_each_verdict_where_its_numbers_come_from_and_the_run(speedup, tmp
     tally = verdicts.report([run, verdicts.read(notebook(tmp_path / "05_y.ipynb", [None]))], out)
     text = out.getvalue()
     assert tally["HOLDS"] == 1 and tally["HOLDS ONLY WHEN"] == 1 and tally["DOES NOT HOLD"] == 1
-    assert "1 from stored runs, 2 measured by the run" in text and "not run yet (no outputs): 05_y" in text
+    assert (
+        "1 fed from stored runs (wholly or in part), 2 measured by the run alone" in text
+        and "not run yet (no outputs): 05_y" in text
+    )
     assert "met by: decode step (30 layers)" in text and f"run on {info['run_on']}" not in text  # the bare value
     assert info["run_on"] in text and "'t_fast' got different verdicts" in text
 
