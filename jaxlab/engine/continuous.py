@@ -474,7 +474,7 @@ class Engine:
                         jnp.zeros(rows, jnp.uint32),
                         samp,
                         greedy_rows,
-                        jax.device_put(allow_all(rows, self.config.vocab_size)),
+                        self._allowed([None] * rows),  # the free rows' mask, cached for the steps
                     )
                     fn, _ = self.programs.get(name, jit_rows, args, {"top": top} if top else None)
                     *_, self.cache = fn(*args)  # all positions -1: writes go to the null page only

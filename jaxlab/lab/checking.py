@@ -55,14 +55,19 @@ def find_notebook(number: str, given: Path | None = None, where: Path | None = N
     raise JaxlabError(f"no {nn}_*.ipynb here or in notebooks/: give the notebook's path, `jaxlab check {nn} FILE`")
 
 
-def _cells(path: Path) -> tuple[list[dict], int]:
-    """The notebook's cells, and the index of its Exercises heading."""
+def notebook_cells(path: Path) -> list[dict]:
+    """A saved notebook's cells (its JSON), or one line saying the file is not a notebook and what to do."""
     try:
-        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        return json.loads(Path(path).read_text(encoding="utf-8"))["cells"]
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
         raise JaxlabError(
             f"{path}: not a readable notebook ({type(e).__name__}); save it from Jupyter and retry"
         ) from None
+
+
+def _cells(path: Path) -> tuple[list[dict], int]:
+    """The notebook's cells, and the index of its Exercises heading."""
+    cells = notebook_cells(path)
     start = next((i for i, c in enumerate(cells) if c.get("cell_type") == "markdown" and SECTION in _text(c)), None)
     if start is None:
         raise JaxlabError(f"{path}: no '{SECTION}' section: is this one of the lab's notebooks?")

@@ -10,7 +10,6 @@ stored outputs. Nothing is re-run; a notebook with no outputs is listed as not r
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,15 +55,11 @@ def output_text(o: dict) -> str:
 
 def read(path: Path) -> NotebookRun:
     """The verdicts, and the run's host and date, in one saved notebook's outputs."""
+    from jaxlab.lab.checking import notebook_cells
     from jaxlab.lab.claims import CLAIMS
     from jaxlab.lab.notebook import WORDS
 
-    try:
-        cells = json.loads(Path(path).read_text(encoding="utf-8"))["cells"]
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
-        raise JaxlabError(
-            f"{path}: not a readable notebook ({type(e).__name__}); save it from Jupyter and retry"
-        ) from None
+    cells = notebook_cells(path)
     by_quote = {c.quote: k for k, c in CLAIMS.items()}
     run = NotebookRun(Path(path), executed=False, run_on=None)
     for c in cells:
