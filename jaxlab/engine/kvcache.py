@@ -27,12 +27,18 @@ interface every cache kind shares (the paged cache's is :class:`~jaxlab.engine.p
 positions)`` stores the new tokens and returns the updated layer, ``attend(q, positions, policy)`` returns the
 attention output. The "int8 or not" and "XLA or Pallas" branching lives there, not in the model; the model puts
 the layers back together with :meth:`KVCache.with_layers`.
+
+The write itself is one small function, :func:`write_slots` (``new`` at slots ``index..`` of an array's slot axis),
+and a cache carries it as static metadata (``KVCache.slot_write``): every K, V, position and scale write of
+:meth:`KVLayer.write` goes through it. It is the hook of the lab's build-the-engine track, which runs the model
+with a student's own cache write (``init_cache(..., slot_write=my_cache_update)``); everything else passes nothing
+and gets :func:`write_slots`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +51,18 @@ from jaxlab.io.config import LlamaConfig
 from jaxlab.quant.formats import join_split, split_activations
 
 
+def write_slots(array: jax.Array, new: jax.Array, index, axis: int) -> jax.Array:
+    """``array`` with ``new`` (T slots) written at slots ``index .. index+T-1`` of its slot ``axis`` (0 on every
+    other axis): one ``dynamic_update_slice``, done in place when the cache is donated. The cache write."""
+    start = [0] * array.ndim
+    start[axis] = index
+    return jax.lax.dynamic_update_slice(array, new.astype(array.dtype), tuple(start))
+
+
+#: (array, new, index, slot axis) -> array: how a cache writes new slots (:func:`write_slots`, or a student's own)
+SlotWrite = Callable[[jax.Array, jax.Array, jax.Array, int], jax.Array]
+
+
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class KVCache:
@@ -54,6 +72,7 @@ class KVCache:
     index: jax.Array  # [] int32, next slot to write
     k_scale: tuple = ()  # int8 cache only: per layer [B*KVH, S] float32
     v_scale: tuple = ()  # int8 cache only: per layer [B*KVH, S] float32
+    slot_write: SlotWrite = field(default=write_slots, metadata=dict(static=True))  # every write goes through it
 
     @property
     def batch(self) -> int:
@@ -73,7 +92,7 @@ class KVCache:
     def layer(self, i: int) -> KVLayer:
         """Layer ``i`` as its attention sees it (the shared ``pos`` and ``index`` included)."""
         scales = (self.k_scale[i], self.v_scale[i]) if self.k_scale else (None, None)
-        return KVLayer(self.k[i], self.v[i], self.pos, self.index, *scales)
+        return KVLayer(self.k[i], self.v[i], self.pos, self.index, *scales, slot_write=self.slot_write)
 
     def with_layers(self, layers: Sequence[KVLayer]) -> KVCache:
         """The cache after a pass: every layer as :meth:`KVLayer.write` left it (each wrote the same ``pos`` and
@@ -81,7 +100,8 @@ class KVCache:
         scales = {}
         if self.k_scale:
             scales = dict(k_scale=tuple(x.k_scale for x in layers), v_scale=tuple(x.v_scale for x in layers))
-        return KVCache(tuple(x.k for x in layers), tuple(x.v for x in layers), layers[0].pos, layers[0].index, **scales)
+        k, v = tuple(x.k for x in layers), tuple(x.v for x in layers)
+        return KVCache(k, v, layers[0].pos, layers[0].index, **scales, slot_write=self.slot_write)
 
 
 @jax.tree_util.register_dataclass
@@ -99,6 +119,7 @@ class KVLayer:
     index: jax.Array | int  # [] int32, the next slot to write
     k_scale: jax.Array | None = None  # int8 cache only: [B*KVH, S] float32
     v_scale: jax.Array | None = None  # int8 cache only: [B*KVH, S] float32
+    slot_write: SlotWrite = field(default=write_slots, metadata=dict(static=True))
 
     @staticmethod
     def of(k: jax.Array, v: jax.Array, positions: jax.Array) -> KVLayer:
@@ -111,21 +132,18 @@ class KVLayer:
 
     def write(self, k: jax.Array, v: jax.Array, positions: jax.Array) -> KVLayer:
         """Store k, v [B, T, KVH, Hd] of tokens at ``positions`` [B, T] in slots ``index .. index+T-1``: one
-        ``dynamic_update_slice`` per array, in place when the cache is donated. int8: each vector quantized with
-        its own scale (:func:`quantize_kv`)."""
-        new, i = KVLayer.of(k, v, positions), self.index
-        pos = jax.lax.dynamic_update_slice(self.pos, positions.astype(self.pos.dtype), (0, i))
+        ``slot_write`` (:func:`write_slots`: a ``dynamic_update_slice``) per array, in place when the cache is
+        donated. int8: each vector quantized with its own scale (:func:`quantize_kv`)."""
+        new, i, write = KVLayer.of(k, v, positions), self.index, self.slot_write
+        pos = write(self.pos, positions.astype(self.pos.dtype), i, 1)  # [B, S]
         if self.k_scale is None:
             nk, nv, scales = new.k.astype(self.k.dtype), new.v.astype(self.v.dtype), {}
         else:
             (nk, ks), (nv, vs) = quantize_kv(new.k, axis=2), quantize_kv(new.v, axis=1)
-            scales = dict(
-                k_scale=jax.lax.dynamic_update_slice(self.k_scale, ks, (0, i)),  # [B*KVH, S]
-                v_scale=jax.lax.dynamic_update_slice(self.v_scale, vs, (0, i)),
-            )
-        k = jax.lax.dynamic_update_slice(self.k, nk, (0, i, 0))
-        v = jax.lax.dynamic_update_slice(self.v, nv, (0, 0, i))
-        return KVLayer(k, v, pos, i + new.k.shape[1], **scales)
+            scales = dict(k_scale=write(self.k_scale, ks, i, 1), v_scale=write(self.v_scale, vs, i, 1))  # [B*KVH, S]
+        k = write(self.k, nk, i, 1)  # [B*KVH, S, Hd]: the slots are axis 1
+        v = write(self.v, nv, i, 2)  # [B*KVH, Hd, S]: the slots are axis 2
+        return KVLayer(k, v, pos, i + new.k.shape[1], **scales, slot_write=write)
 
     def attend(self, q: jax.Array, positions: jax.Array, policy) -> jax.Array:
         """Attention of q [B, T, KVH, G, Hd] at ``positions`` [B, T] over the layer's slots -> [B, T, KVH*G*Hd]
@@ -187,8 +205,11 @@ def cache_bytes(cfg: LlamaConfig, batch: int, slots: int, dtype=jnp.float32) -> 
     return 2 * cfg.n_layers * batch * slots * cfg.n_kv_heads * kv_vector_bytes(cfg, dtype)
 
 
-def init_cache(cfg: LlamaConfig, batch: int, length: int, dtype=jnp.float32) -> KVCache:
-    """An empty cache for ``batch`` rows of ``length`` slots; ``dtype="int8"`` gives the int8 cache."""
+def init_cache(
+    cfg: LlamaConfig, batch: int, length: int, dtype=jnp.float32, slot_write: SlotWrite = write_slots
+) -> KVCache:
+    """An empty cache for ``batch`` rows of ``length`` slots; ``dtype="int8"`` gives the int8 cache. ``slot_write``:
+    the function every write goes through (:func:`write_slots`; the lab's track passes a student's own)."""
     k_shape = (batch * cfg.n_kv_heads, length, cfg.head_dim)
     v_shape = (batch * cfg.n_kv_heads, cfg.head_dim, length)
     dtype = jnp.dtype(dtype)
@@ -206,6 +227,7 @@ def init_cache(cfg: LlamaConfig, batch: int, length: int, dtype=jnp.float32) -> 
         pos=jnp.full((batch, length), -1, jnp.int32),
         index=jnp.zeros((), jnp.int32),
         **scales,
+        slot_write=slot_write,
     )
 
 
@@ -233,7 +255,7 @@ def rollback(cache: KVCache, index) -> KVCache:
     """Forget every slot from ``index`` on (they stay allocated and are overwritten later)."""
     slots = jnp.arange(cache.length)
     pos = jnp.where(slots[None, :] < index, cache.pos, -1)
-    return KVCache(cache.k, cache.v, pos, jnp.asarray(index, jnp.int32), cache.k_scale, cache.v_scale)
+    return replace(cache, pos=pos, index=jnp.asarray(index, jnp.int32))
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, length: int | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -13,7 +13,7 @@
   adds to the arrays alive on the device.
 * **Prefill and decode**: :func:`prefill` and :func:`decode_step` are the engine's model step
   (:func:`model_step`, i.e. :func:`jaxlab.engine.steps.next_logits`, counting its traces in :data:`TRACES`)
-  jitted with a *donated* cache, given a whole prompt or one token; :func:`greedy_with_cache` runs them, :func:`uncached_logits` is the reference they must equal; :func:`write_token` / :func:`write_kv` are the cache write on its own, to time donation
+  jitted with a *donated* cache, given a whole prompt or one token; :func:`greedy_with_cache` runs them, :func:`uncached_logits` is the reference they must equal; :func:`write_token` is the cache write (:func:`~jaxlab.engine.kvcache.write_slots`) on its own, to time donation
   (:func:`time_cache_write`). They find the slot axis with :func:`slot_axes` instead of assuming a layout.
 * **Latency against context**: :func:`latency_vs_context` times one new token with the cache (one decode
   step) and without it (recompute the whole prefix), :func:`plot_latency` and :func:`plot_speedup` draw it.
@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlab.engine.kvcache import KVCache, cache_bytes, init_cache
+from jaxlab.engine.kvcache import KVCache, cache_bytes, init_cache, write_slots
 from jaxlab.engine.model import Params, apply_rope, forward, rope_cos_sin
 from jaxlab.engine.steps import next_logits
 from jaxlab.io.config import LlamaConfig
@@ -425,14 +425,6 @@ def max_logit_error(a, b) -> float:
 # --------------------------------------------------------------------------------------------------
 
 
-def write_kv(cache_kv, new_kv, index, axis: int):
-    """Write ``new_kv`` (T slots) into ``cache_kv`` at slots index..index+T-1 along the slot ``axis``:
-    one ``dynamic_update_slice``, the write the model's attention does for every layer."""
-    start = [0] * cache_kv.ndim
-    start[axis] = index
-    return jax.lax.dynamic_update_slice(cache_kv, new_kv.astype(cache_kv.dtype), tuple(start))
-
-
 def one_token_kv(cfg: LlamaConfig, batch: int, dtype=jnp.float32, value: float = 1.0):
     """(K, V) of one token for one layer, shaped like a one-slot cache layer."""
     c = jax.eval_shape(lambda: init_cache(cfg, batch, 1, dtype))
@@ -441,8 +433,8 @@ def one_token_kv(cfg: LlamaConfig, batch: int, dtype=jnp.float32, value: float =
 
 def _write_token(cache: KVCache, new_k, new_v, position, axes):
     i = cache.index
-    k = tuple(write_kv(c, new_k, i, axes[0]) for c in cache.k)
-    v = tuple(write_kv(c, new_v, i, axes[1]) for c in cache.v)
+    k = tuple(write_slots(c, new_k, i, axes[0]) for c in cache.k)
+    v = tuple(write_slots(c, new_v, i, axes[1]) for c in cache.v)
     pos = jax.lax.dynamic_update_slice(cache.pos, jnp.full((cache.batch, 1), position, cache.pos.dtype), (0, i))
     return KVCache(k, v, pos, i + 1)
 

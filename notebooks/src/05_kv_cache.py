@@ -34,12 +34,12 @@ import numpy as np
 
 import jaxlab
 from jaxlab.lab.notebook import setup, show_source, table, verdict, check
-from jaxlab.engine.kvcache import cache_bytes, init_cache, left_pad, rollback
+from jaxlab.engine.kvcache import cache_bytes, init_cache, left_pad, rollback, write_slots
 from jaxlab.engine.model import Attention
 from jaxlab.engine.steps import next_logits
 from jaxlab.tools.reference import agreement_rtol, load_golden, compare_logits
 from jaxlab.lab import anatomy
-from jaxlab.lab.anatomy import cache_structure, prefill, decode_step, greedy_with_cache, uncached_logits, max_logit_error, time_prefill_decode, one_token_kv, write_kv, write_token, time_cache_write, cache_memory_rows, live_growth, latency_vs_context, cached_growth, plot_latency, plot_speedup, plot_cache_fill
+from jaxlab.lab.anatomy import cache_structure, prefill, decode_step, greedy_with_cache, uncached_logits, max_logit_error, time_prefill_decode, one_token_kv, write_token, time_cache_write, cache_memory_rows, live_growth, latency_vs_context, cached_growth, plot_latency, plot_speedup, plot_cache_fill
 
 _ = setup()
 
@@ -194,10 +194,10 @@ _ = check(f"logits of prefill + {len(new_tokens) - 1} decode steps == one uncach
 #
 # Donation is exactly that: the old cache's lifetime ends at the call. `write_token` writes one token's
 # K and V into every layer, the cache traffic of a decode step without the model around it, with the same
-# write the attention layer does:
+# write the attention layer does (`KVLayer.write` calls it for the keys, the values and the positions):
 
 # %% tags=["nbval-ignore-output"]
-_ = show_source(write_kv)
+_ = show_source(write_slots)
 
 # %%
 big = init_cache(cfg, batch=1, length=4096)
@@ -406,7 +406,8 @@ _ = check("tokens decoded again after a rollback == the first time", again == ne
 # **Exercise 1: the cache write.** `cache` is one layer's K (or V) array, `new` holds `T` new tokens'
 # values (the same shape, with `T` on the slot axis), `axis` is the slot axis. Return `cache` with
 # `new` written at slots `index .. index + T − 1`. Hint: `jax.lax.dynamic_update_slice(operand,
-# update, start_indices)` takes one start index per axis.
+# update, start_indices)` takes one start index per axis. This is a piece of the build-the-engine track (notebook
+# 11): there the model writes every key, value and position of its cache with your function.
 
 # %%
 import jaxlab.lab.exercises.nb05 as ex

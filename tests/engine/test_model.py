@@ -1,5 +1,6 @@
-"""The hooks of the one forward pass: ``upto=L`` (the model cut after L layers) and ``reduce`` (what joins
-the row-parallel matmuls' outputs: the identity on one device, ``psum`` in a tensor-parallel shard)."""
+"""The hooks of the one forward pass: ``upto=L`` (the model cut after L layers), ``reduce`` (what joins
+the row-parallel matmuls' outputs: the identity on one device, ``psum`` in a tensor-parallel shard) and the cache's
+``slot_write`` (every write into a KV cache: ``write_slots``, or a student's own in the lab's track)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from conftest import jit_forward
 
 import jaxlab
-from jaxlab.engine.kvcache import init_cache, left_pad
+from jaxlab.engine.kvcache import init_cache, left_pad, write_slots
 from jaxlab.engine.model import forward, init_params, params_from_flat
 from jaxlab.errors import ConfigError
 
@@ -95,6 +96,26 @@ def test_reduce_identity_is_the_default_and_runs_after_each_row_parallel_matmul(
     assert seen == [(b, t, params.config.dim)] * (2 * params.config.n_layers)  # wo and w_down, every layer
     # and it joins the residual stream: doubling what it returns changes the logits
     assert not np.allclose(jit_forward(params, *batch, reduce=lambda x: 2 * x)[0], full)
+
+
+def test_every_cache_write_goes_through_the_caches_slot_write(params, batch):
+    cfg, (b, t) = params.config, batch[0].shape
+    seen = []
+
+    def spy(array, new, index, axis):
+        seen.append((array.ndim, axis))
+        return write_slots(array, new, index, axis)
+
+    cache = init_cache(cfg, b, t + 2, slot_write=spy)
+    logits, cache = jit_forward(params, *batch, cache)
+    assert cache.slot_write is spy  # the cache keeps it through the pass
+    # per layer: the positions [B, S] (slots on axis 1), K [B*KVH, S, Hd] (axis 1), V [B*KVH, Hd, S] (axis 2)
+    assert seen == [(2, 1), (3, 1), (3, 2)] * cfg.n_layers
+    want, _ = jit_forward(params, *batch, init_cache(cfg, b, t + 2))
+    np.testing.assert_array_equal(logits, want)
+    # and the pass reads what it wrote: a write that stores zeros changes the logits
+    zeros = init_cache(cfg, b, t + 2, slot_write=lambda a, new, i, axis: spy(a, new * 0, i, axis))
+    assert not np.allclose(jit_forward(params, *batch, zeros)[0], want)
 
 
 def test_at_gives_the_full_passes_logits_at_those_positions(params, batch):

@@ -1,4 +1,7 @@
-"""Exercises of notebook 05 (the KV cache): the cache write and the cache's memory formula."""
+"""Exercises of notebook 05 (the KV cache): the cache write and the cache's memory formula.
+
+The cache write is a piece of the build-the-engine track (:mod:`jaxlab.lab.exercises.track`): there the model writes
+its cache with it (``init_cache(..., slot_write=my_cache_update)``)."""
 
 from __future__ import annotations
 
@@ -7,9 +10,8 @@ from typing import Callable
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlab.engine.kvcache import cache_bytes
+from jaxlab.engine.kvcache import cache_bytes, write_slots
 from jaxlab.io.config import LlamaConfig
-from jaxlab.lab.anatomy import write_kv
 from jaxlab.lab.exercises import check_function
 
 ITEMSIZE_DTYPE = {2: jnp.bfloat16, 4: jnp.float32}
@@ -29,8 +31,10 @@ def _update_inputs(rng: np.random.Generator):
 
 def check_cache_update(my_cache_update: Callable, trials: int = 5) -> bool:
     """``my_cache_update(cache, new, index, axis) -> cache`` with ``new`` written at slots
-    ``index .. index + T - 1`` along ``axis``, against :func:`jaxlab.lab.anatomy.write_kv` (the model's write)."""
-    return check_function(my_cache_update, write_kv, _update_inputs, name="cache update", trials=trials, atol=0, rtol=0)
+    ``index .. index + T - 1`` along ``axis``, against :func:`jaxlab.engine.kvcache.write_slots` (the model's write)."""
+    return check_function(
+        my_cache_update, write_slots, _update_inputs, name="cache update", trials=trials, atol=0, rtol=0
+    )
 
 
 def _bytes_inputs(rng: np.random.Generator):
