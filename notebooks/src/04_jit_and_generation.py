@@ -383,7 +383,9 @@ print(f"first-request cost (a server pays it at warm-up): {cold_reply.compile_se
 #
 # ## Exercises
 #
-# Solutions are in `notebooks/solutions/04_jit_and_generation.py`.
+# Solutions are in `notebooks/solutions/04_jit_and_generation.py`. Both functions are pieces of the build-the-engine
+# track (notebook 11, `jaxlab check track`): there your bucketing pads every prompt and your decode step makes every
+# token after the first, in a generation loop built from your own functions.
 #
 # **1. Pad a prompt to its bucket.** Write `my_pad_to_bucket(ids, buckets, pad_id)` returning
 # `(tokens, positions)`, two int32 arrays of the bucket's length: the prompt left-padded with
