@@ -113,14 +113,17 @@ def time_decode_step(sm: Sharded, batch: int | None = None, cache_len: int = 256
     return times
 
 
-def data_parallel_gain(params, devices: Sequence, batch: int = 8, cache_len: int = 256, repeats: int = 5) -> float:
-    """Decode throughput of data parallelism over all ``devices`` against one of them, on the same ``batch``:
-    the median step time on one device over the median on all (both steps produce ``batch`` tokens). Only
-    meaningful on real devices: simulated CPU devices share the same cores."""
+def data_parallel_gain(
+    params, devices: Sequence, batch: int = 8, cache_len: int = 256, repeats: int = 5, strategy: str = "pmap"
+) -> float:
+    """Decode throughput of data parallelism (``pmap`` by default, as the article names it; or ``data``: jit
+    with the batch sharded) over all ``devices`` against one of them, on the same ``batch``: the median step time
+    on one device over the median on all (both steps produce ``batch`` tokens). Only meaningful on real
+    devices: simulated CPU devices share the same cores."""
     from jaxlab.engine.sharding import shard
 
-    one = shard(params, {"data": 1, "model": 1}, "data", devices=list(devices)[:1])
-    every = shard(params, {"data": len(devices), "model": 1}, "data", devices=list(devices))
+    one = shard(params, {"data": 1, "model": 1}, strategy, devices=list(devices)[:1])
+    every = shard(params, {"data": len(devices), "model": 1}, strategy, devices=list(devices))
     t_one = sorted(time_decode_step(one, batch, cache_len, repeats))[repeats // 2]
     t_all = sorted(time_decode_step(every, batch, cache_len, repeats))[repeats // 2]
     return t_one / t_all
@@ -142,6 +145,23 @@ def time_all_reduce(
         jax.block_until_ready(program(x))
         times.append(time.perf_counter() - t0)
     return times
+
+
+def all_reduce_share(sm: Sharded, batch: int, cache_len: int = 256, repeats: int = 7) -> dict:
+    """How much of ``sm``'s decode step its all-reduces take: their number in the compiled step (its HLO), one
+    of them (the same bytes, over ``model``) timed alone, and the step timed whole (the best of ``repeats`` each:
+    the least disturbed by other work on the machine).
+    Returns ``{"all_reduces", "all_reduce_s", "step_s", "share"}`` with ``share = all_reduces * all_reduce_s /
+    step_s`` (0 when the step has none). An estimate from two measurements: inside the step an all-reduce may
+    overlap other work, or wait on a slower device."""
+    info = decode_step_info(sm, batch, cache_len)
+    n = info.collectives["all-reduce"]
+    step_s = min(time_decode_step(sm, batch, cache_len, repeats))
+    if n == 0:
+        return {"all_reduces": 0, "all_reduce_s": 0.0, "step_s": step_s, "share": 0.0}
+    elements = info.bytes["all-reduce"] // n // 4  # float32 activations: [rows on the device, 1, dim]
+    ar = min(time_all_reduce(sm.mesh, shape=(1, elements), axis="model", repeats=repeats))
+    return {"all_reduces": n, "all_reduce_s": ar, "step_s": step_s, "share": n * ar / step_s}
 
 
 def bytes_per_device(

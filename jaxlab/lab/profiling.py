@@ -3,7 +3,9 @@
 * :func:`op_timeline` reads the ``*.trace.json.gz`` that :func:`jaxlab.tools.profile.trace` writes and returns
   every operation of the compiled program that ran: its thread, start and duration (ms from the first op),
   and the kind of work (which weight it reads, from the program's HLO, or what it is when it reads none).
-* :func:`weight_share` is the share of the ops' time spent in operations that read a weight.
+* :func:`weight_share` is the share of the ops' time spent in operations that read a weight; :func:`reads_share`
+  the share of those reading one weight, to hold against :func:`time_output_head`, the output projection timed
+  alone (does the trace put time where a stopwatch does?).
 * :func:`plot_timeline` draws the ops as a Gantt chart, one row per thread (what Perfetto or TensorBoard's
   trace viewer show); :func:`plot_ttft` compares the time to first token of cold, warm and warmed-up runs.
 """
@@ -19,7 +21,16 @@ from typing import Sequence
 
 from jaxlab.tools.program_export import weights_read
 
-__all__ = ["KINDS", "op_kind", "op_timeline", "weight_share", "plot_timeline", "plot_ttft"]
+__all__ = [
+    "KINDS",
+    "op_kind",
+    "op_timeline",
+    "weight_share",
+    "reads_share",
+    "time_output_head",
+    "plot_timeline",
+    "plot_ttft",
+]
 
 #: The kinds of work :func:`op_kind` tells apart, in the order the legend lists them, with their colours.
 KINDS = {
@@ -87,6 +98,31 @@ def weight_share(timeline: Sequence[dict]) -> float:
     """Fraction of the ops' summed time spent in operations that read a weight (0 when there are none)."""
     total = sum(r["ms"] for r in timeline)
     return sum(r["ms"] for r in timeline if r["reads"]) / total if total else 0.0
+
+
+def reads_share(timeline: Sequence[dict], weight: str) -> float:
+    """Fraction of the ops' summed time spent in operations that read the weight named ``weight`` (e.g.
+    ``"embed"``: the lookup and the tied output head)."""
+    total = sum(r["ms"] for r in timeline)
+    mine = sum(r["ms"] for r in timeline if weight in r["reads"].split(", "))
+    return mine / total if total else 0.0
+
+
+def time_output_head(params, batch: int = 1, repeats: int = 5) -> tuple[str, float]:
+    """(the weight's name, seconds): the model's output projection alone, ``[B, D] @ W.T`` for the tied embedding
+    (or ``lm_head``), jitted, best of ``repeats`` synchronized calls: a stopwatch for the operation a decode
+    step's trace names."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxlab.tools.profile import time_fn
+
+    flat = params.flat()
+    name = "lm_head" if "lm_head" in flat else "embed"
+    w = jnp.asarray(flat[name])  # [V, D]
+    h = jnp.ones((batch, w.shape[1]), w.dtype)  # [B, D]
+    head = jax.jit(lambda h, w: jnp.einsum("bd,vd->bv", h, w, preferred_element_type=jnp.float32))
+    return name, time_fn(head, h, w, repeats=repeats, warmup=1).min
 
 
 def plot_timeline(timeline: Sequence[dict], title: str = "One decode step, as the profiler recorded it"):

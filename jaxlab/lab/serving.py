@@ -1,5 +1,6 @@
 """Notebook 12's bookkeeping and figures: a sampler that scrapes the server's ``/metrics`` while clients stream,
-the occupancy plot, and the per-request timeline. The HTTP calls and the server itself are in the notebook."""
+the occupancy plot, and the per-request timeline; :func:`flood_effect`, one client's answer time while another
+floods the server (within its rate limit's allowance, and past it). The server itself is in the notebook."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import threading
 import time
 from urllib.parse import urlsplit
 
-__all__ = ["MetricsSampler", "scrape", "plot_occupancy", "plot_streams", "plot_burst"]
+__all__ = ["MetricsSampler", "scrape", "flood_effect", "plot_occupancy", "plot_streams", "plot_burst"]
 
+MAX_FLOOD = 20_000  # requests one flood sends at most, whatever happens to the measured answer
 GAUGES = ("jaxlab_batch_occupancy", "jaxlab_running_requests", "jaxlab_queue_length", "jaxlab_kv_pages_used")
 
 
@@ -33,6 +35,90 @@ def scrape(url: str, key: str | None = None) -> dict[str, float]:
         for s in family.samples:
             labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
             out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
+    return out
+
+
+def _request(url: str, method: str, path: str, key: str | None, body: dict | None, source: str) -> int:
+    """One request from the loopback address ``source`` (the server tells clients apart by address and key)
+    -> its status."""
+    import json
+
+    u = urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=120, source_address=(source, 0))
+    try:
+        headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+        conn.request(method, path, body=json.dumps(body).encode() if body is not None else None, headers=headers)
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    finally:
+        conn.close()
+
+
+def flood_effect(
+    url: str,
+    key: str | None,
+    model: str,
+    *,
+    victim_tokens: int = 32,
+    flood_threads: int = 2,
+    flood_tokens: int = 16,
+    victim: str = "127.0.0.3",
+    flooder: str = "127.0.0.2",
+) -> dict:
+    """A well-behaved client's answer time (one chat request of ``victim_tokens`` greedy tokens, from ``victim``)
+    alone and while a second client (``flooder``, its own rate-limit bucket) sends chat requests of
+    ``flood_tokens`` back to back in ``flood_threads`` threads: first within its allowance (its bucket full, so
+    its requests reach the model), then past it (its bucket emptied with cheap ``GET /v1/models``, so they are
+    refused with 429). Returns ``{"alone_s", "within_s", "past_s", "within": {status: count}, "past": {...}}``.
+
+    The addresses are loopback aliases: Linux routes all of 127.0.0.0/8 to the loopback device; where the OS
+    does not (macOS), this raises ``OSError`` naming the address."""
+    victim_body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Tell me a story about a lighthouse."}],
+        "max_tokens": victim_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    flood_body = {**victim_body, "messages": [{"role": "user", "content": "Hi!"}], "max_tokens": flood_tokens}
+    for source in (victim, flooder):
+        try:
+            _request(url, "GET", "/health", None, None, source)
+        except OSError as e:
+            raise OSError(f"cannot send from {source} ({e}): this measurement needs loopback aliases (Linux)") from None
+
+    def answer_time() -> float:
+        t = time.perf_counter()
+        status = _request(url, "POST", "/v1/chat/completions", key, victim_body, victim)
+        if status != 200:
+            raise RuntimeError(f"the well-behaved client got {status}: its own bucket is empty (wait a minute)")
+        return time.perf_counter() - t
+
+    def during_flood() -> tuple[float, dict[int, int]]:
+        stop, statuses = threading.Event(), []
+
+        def flood():  # bounded in time (the measured answer) and in count
+            while not stop.is_set() and len(statuses) < MAX_FLOOD:
+                statuses.append(_request(url, "POST", "/v1/chat/completions", key, flood_body, flooder))
+
+        threads = [threading.Thread(target=flood, daemon=True) for _ in range(flood_threads)]
+        for t in threads:
+            t.start()
+        time.sleep(0.2)  # the flood under way before the measured request
+        try:
+            seconds = answer_time()
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+        return seconds, {s: statuses.count(s) for s in sorted(set(statuses))}
+
+    out: dict = {"alone_s": answer_time()}
+    out["within_s"], out["within"] = during_flood()
+    while _request(url, "GET", "/v1/models", key, None, flooder) != 429:  # the flooder's allowance used up
+        pass
+    out["past_s"], out["past"] = during_flood()
     return out
 
 

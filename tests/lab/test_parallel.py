@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 import jaxlab
 from jaxlab.engine.kvcache import cache_bytes
@@ -104,4 +105,14 @@ def test_softmax_needs_collectives_only_when_its_row_is_split():
     grid = make_mesh({"data": 2, "model": 4}, jax.devices())
     w = jax.device_put(jax.numpy.zeros((8, 12)), NamedSharding(grid, P(None, "model")))
     assert [ids for _, ids in parallel.owners(w)] == [[0, 4], [1, 5], [2, 6], [3, 7]]
-    assert parallel.data_parallel_gain(init_params(tiny(), 0), jax.devices(), batch=8, repeats=1) > 0
+    params = init_params(tiny(), 0)
+    assert parallel.data_parallel_gain(params, jax.devices(), batch=8, repeats=1) > 0  # pmap, as the article says
+    from jaxlab.engine.sharding import shard
+
+    tp = parallel.all_reduce_share(
+        shard(params, {"data": 2, "model": 4}, "data+tensor", devices=jax.devices()), 2, 64, 2
+    )
+    assert tp["all_reduces"] == 2 * params.config.n_layers and tp["all_reduce_s"] > 0 and tp["step_s"] > 0
+    assert tp["share"] == pytest.approx(tp["all_reduces"] * tp["all_reduce_s"] / tp["step_s"])
+    dp = parallel.all_reduce_share(shard(params, {"data": 8, "model": 1}, "data", devices=jax.devices()), 8, 64, 2)
+    assert dp["all_reduces"] == 0 and dp["share"] == 0.0

@@ -40,6 +40,19 @@ def test_op_timeline_orders_ops_and_names_threads_and_kinds(tmp_path, monkeypatc
     assert [r["kind"] for r in tl] == ["embedding (lookup, output head)", "copies (cache not donated)", "MLP matmuls"]
     assert profiling.weight_share(tl) == pytest.approx(0.75)
     assert profiling.weight_share([]) == 0.0
+    assert profiling.reads_share(tl, "embed") == pytest.approx(0.25)
+    assert profiling.reads_share(tl, "layers.3.mlp.w_up") == pytest.approx(0.5)
+    assert profiling.reads_share(tl, "w_up") == 0.0  # a whole name, not a part of one
+    assert profiling.reads_share([], "embed") == 0.0
+
+
+def test_time_output_head_times_the_tied_head_or_lm_head():
+    from jaxlab.engine.model import init_params
+    from jaxlab.io.config import tiny
+
+    params = init_params(tiny(), jax.random.key(0))
+    name, seconds = profiling.time_output_head(params, repeats=2)
+    assert name == ("lm_head" if "lm_head" in params.flat() else "embed") and 0 < seconds < 1
 
 
 def test_op_kind():
