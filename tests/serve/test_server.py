@@ -284,6 +284,23 @@ def test_api_key_and_rate_limit(live):
         server.failures = RateLimiter(10)
 
 
+def test_flood_effect_gives_each_client_its_own_bucket(live):
+    """Notebook 12's measurement: the flooder (its own loopback address) is refused once its bucket is empty while
+    the well-behaved client, another address under the same key, is answered every time."""
+    from jaxlab.lab import serving
+    from jaxlab.serve.app import RateLimiter
+
+    base, server = live
+    server.options.api_key, server.limiter = "sesame", RateLimiter(6)
+    try:
+        got = serving.flood_effect(base, "sesame", "smollm2-135m", victim_tokens=2, flood_threads=2, flood_tokens=2)
+    finally:
+        server.options.api_key, server.limiter = None, None
+    assert got["alone_s"] > 0 and got["within_s"] > 0 and got["past_s"] > 0
+    assert got["within"].get(200, 0) >= 1  # within its allowance the flood reached the model
+    assert got["past"].get(429, 0) >= 1 and set(got["past"]) <= {200, 429}  # past it, refused
+
+
 def test_timeout_and_disconnect_free_the_slot(live):
     base, server = live
     body = {"messages": [{"role": "user", "content": "Count to a hundred."}], "max_tokens": 200, "ignore_eos": True}
