@@ -6,6 +6,10 @@ order, in a fresh namespace (the exercise modules ``nbNN``, and the model as ``m
 reports each ``nbNN.check_*`` call: PASS or FAIL with the checker's reason. It exits 0 only when every check
 passes, so an untouched copy (every exercise still ``raise NotImplementedError``) fails.
 
+``jaxlab check track [FOLDER]`` assembles the pieces of notebooks 04, 05, 06 and 11 into one generation loop and
+runs it on the real model against the golden tokens (:mod:`jaxlab.lab.exercises.track`, which reads the notebooks
+with :func:`definitions`; the command line sends ``track`` there).
+
 Only the Exercises section runs, after the notebook's own imports (every ``import`` and ``from ... import`` of
 the cells above it, so an answer may use ``jnp``, ``np``, ``jax`` or ``jaxlab`` as it did in the notebook): the
 measurements above it are not repeated, and a cell that raises is reported as one line and the next cell runs.
@@ -29,13 +33,16 @@ SECTION = "## Exercises"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("number", metavar="NN", help="the notebook's number, e.g. 04")
+    parser.add_argument(
+        "number", metavar="NN", help="the notebook's number, e.g. 04; or `track`: the build-the-engine track"
+    )
     parser.add_argument(
         "notebook",
         nargs="?",
         default=None,
         type=Path,
-        help="the saved notebook (default: NN_*.ipynb in this folder, else in notebooks/)",
+        help="the saved notebook (default: NN_*.ipynb in this folder, else in notebooks/); for `track`, the folder "
+        "that holds your saved 04, 05, 06 and 11",
     )
 
 
@@ -164,6 +171,57 @@ def _parse(src: str):
         return None
 
 
+def run_cells(path: Path, sources: list[str], ns: dict) -> list[str]:
+    """Run the exercise cells in ``ns``, in order, their prints swallowed -> one line per cell that failed (a syntax
+    error, or what it raised); the next cell runs all the same. A cell's code is compiled under the name
+    ``<NAME.ipynb: exercise cell N>``, so a traceback through a student's function names its notebook and cell."""
+    problems = []
+    for i, src in enumerate(sources, 1):
+        if _parse(src) is None:
+            problems.append(f"exercise cell {i}: a syntax error; fix it and save")
+            continue
+        buf = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(buf):
+                exec(compile(src, f"<{path.name}: exercise cell {i}>", "exec"), ns)
+        except Exception as e:  # the student's code: one line, then the next cell
+            first = (str(e).strip().splitlines() or [""])[0]
+            problems.append(f"exercise cell {i}: raised {type(e).__name__}: {first}")
+    return problems
+
+
+@contextlib.contextmanager
+def checks_off(modules):
+    """Every ``check_*`` of the exercise modules returns True at once while inside: a notebook's cells run for
+    the functions they define, not for their checks (the build-the-engine track runs its own)."""
+    saved = [
+        (mod, name, getattr(mod, name))
+        for mod in modules.values()
+        for name in dir(mod)
+        if name.startswith("check_") and getattr(getattr(mod, name), "__module__", None) == mod.__name__
+    ]
+    for mod, name, _ in saved:
+        setattr(mod, name, lambda *a, **kw: True)
+    try:
+        yield
+    finally:
+        for mod, name, fn in saved:
+            setattr(mod, name, fn)
+
+
+def definitions(number: str, path: Path) -> tuple[dict, list[str]]:
+    """What a saved notebook's Exercises cells define (their namespace, after its imports), with its checks off,
+    and one line per cell that failed (:func:`run_cells`)."""
+    nn = number.zfill(2)
+    sources, modules = exercise_cells(path), exercise_modules()
+    try:
+        ns = namespace(nn, sources, modules, notebook_imports(path))
+    except Exception as e:  # an import of the notebook's that this environment lacks
+        raise JaxlabError(f"{path}: running the notebook's imports raised {type(e).__name__}: {e}") from None
+    with checks_off(modules):
+        return ns, run_cells(path, sources, ns)
+
+
 def check_notebook(number: str, path: Path, out) -> int:
     nn = number.zfill(2)
     sources = exercise_cells(path)
@@ -171,24 +229,13 @@ def check_notebook(number: str, path: Path, out) -> int:
     if f"nb{nn}" not in modules:
         raise JaxlabError(f"notebook {nn} has no exercise checks in this jaxlab")
     results: list = []
-    problems = []
     try:
         ns = namespace(nn, sources, modules, notebook_imports(path))
     except Exception as e:  # an import of the notebook's that this environment lacks
         raise JaxlabError(f"{path}: running the notebook's imports raised {type(e).__name__}: {e}") from None
     out.write(f"checking the exercises of {path}\n")
     with recording(modules, results):
-        for i, src in enumerate(sources, 1):
-            if _parse(src) is None:
-                problems.append(f"exercise cell {i}: a syntax error; fix it and save")
-                continue
-            buf = io.StringIO()
-            try:
-                with contextlib.redirect_stdout(buf):
-                    exec(compile(src, f"<{path.name}: exercise cell {i}>", "exec"), ns)
-            except Exception as e:  # the student's code: one line, then the next cell
-                first = (str(e).strip().splitlines() or [""])[0]
-                problems.append(f"exercise cell {i}: raised {type(e).__name__}: {first}")
+        problems = run_cells(path, sources, ns)
     for name, ok, said in results:
         detail = said.splitlines()[-1] if said else ""
         out.write(f"{'PASS' if ok else 'FAIL'}  {name}" + (f"  -  {detail}" if detail and not ok else "") + "\n")

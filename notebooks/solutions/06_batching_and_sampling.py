@@ -22,3 +22,13 @@ def my_min_p(logits, min_p):
     probs = jax.nn.softmax(logits, axis=-1)
     threshold = min_p * jnp.max(probs, axis=-1, keepdims=True)
     return jnp.where(probs < threshold, -jnp.inf, logits)
+
+
+def my_sample(logits, keys, temperatures):
+    """One token per row: the argmax where the temperature is 0, else a draw from softmax(logits / t) with the
+    row's own key (so a row's token never depends on the rows beside it)."""
+    logits = jnp.asarray(logits, jnp.float32)  # [B, V]
+    t = jnp.asarray(temperatures, jnp.float32)  # [B]
+    scaled = logits / jnp.where(t > 0, t, 1.0)[:, None]  # a greedy row divides by 1: no division by zero
+    drawn = jax.vmap(jax.random.categorical)(keys, scaled)  # row r drawn with keys[r]
+    return jnp.where(t > 0, drawn, jnp.argmax(logits, axis=-1)).astype(jnp.int32)

@@ -405,6 +405,22 @@ def my_min_p(logits, min_p):
 
 passed = nb06.check_min_p(my_min_p)
 
+
+# %% [markdown]
+# **3. A batched sampler.** `my_sample(logits, keys, temperatures)`: `logits` `[B, V]`, one PRNG key per row
+# `keys` `[B]`, `temperatures` `[B]`; return one token per row `[B]` (int32): the argmax where the temperature is
+# 0, else a draw from `softmax(logits / t)` with the row's own key (`jax.random.categorical(key, logits / t)`;
+# `jax.vmap` runs it on every row). The checker compares your tokens with the engine's sampler draw for draw:
+# the same key gives the same token, and a row's token never depends on the rows beside it. This is a piece of
+# the build-the-engine track (notebook 11): it picks each request's first token.
+
+# %%
+def my_sample(logits, keys, temperatures):
+    raise NotImplementedError
+
+
+passed = nb06.check_sample(my_sample)
+
 # %% [markdown]
 # **An experiment of your own.** Extend the throughput measurement to batch 32 and 64, or to a 512-token
 # context (`stages.throughput_vs_batch(..., context=512, cache_len=576)`): where does the curve stop rising on

@@ -364,6 +364,53 @@ def my_chunks(budget, n_decode, chunk, prompt_left):
 
 passed = nb11.check_chunks(my_chunks)
 
+
 # %% [markdown]
+# **4. Page allocation.** `my_allocate(free_pages, tokens, page_size)`: the pages a request of `tokens` positions
+# takes, one per `page_size` positions, from the front of the list `free_pages` (the pool hands out the least
+# recently freed first); `None` when too few are free. Leave `free_pages` as it is: the caller removes the pages.
+
+# %%
+def my_allocate(free_pages, tokens, page_size):
+    raise NotImplementedError
+
+
+passed = nb11.check_allocate(my_allocate)
+
+
+# %% [markdown]
+# **5. One scheduler step.** `my_admit(waiting, free_slots, free_pages, page_size, budget, n_decode)`: `waiting`
+# lists the waiting requests as `(prompt_len, max_new_tokens)`, first come first; `n_decode` running requests each
+# decode one token this step. Admit requests from the front while a slot is free (take `free_slots` in order), the
+# request's whole prompt fits in what the `budget` leaves (after the decode tokens and the prompts admitted before
+# it), and `my_allocate` finds pages for its prompt and all its new tokens (from what the earlier admissions left);
+# stop at the first request that does not fit: no overtaking. Return `[(slot, pages), ...]`, one pair per admitted
+# request, in order. (The engine above takes pages as positions are written and preempts when they run out; yours
+# reserves them at admission, so nothing is ever preempted, at the price of admitting fewer at once.)
+
+# %%
+def my_admit(waiting, free_slots, free_pages, page_size, budget, n_decode):
+    raise NotImplementedError
+
+
+passed = nb11.check_admit(my_admit)
+
+# %% [markdown]
+# **The build-the-engine track.** Six of your functions make a whole engine: `my_pad_to_bucket` and
+# `my_decode_step` (notebook 04), `my_cache_update` (05), `my_sample` (06), `my_allocate` and `my_admit` (here).
+# With the four notebooks solved and saved, run in a terminal
+#
+# ```
+# jaxlab check track
+# ```
+#
+# It takes your functions from your saved notebooks, checks each one, and builds a generation loop from them
+# (`generate` in `jaxlab/lab/exercises/track.py`): your scheduler admits requests for three golden prompts into two
+# slots with your allocator's pages, your bucketing pads each prompt, the model writes its cache with your cache
+# write, your sampler picks each first token, and your decode step makes every later one, all slots in one call. A
+# request starts the moment another one frees its slot. It passes when every request's tokens are the golden ones
+# (Hugging Face transformers' greedy continuation, the reference of notebooks 00 and 03); a piece that fails is
+# named with its notebook.
+#
 # **An experiment of your own.** Rerun section 4 with `make_trace(..., output=(32, 48))`: outputs of nearly
 # equal length. What happens to the throughput ratio, and why?

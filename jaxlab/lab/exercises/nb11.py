@@ -8,13 +8,23 @@ prefill chunks under the token budget.
   token (its logits must be computed). Reference: what the scheduler reads from the prefix table.
 * ``my_chunks(budget, n_decode, chunk, prompt_left)``: prompt chunks one step can prefill: what the budget
   leaves after one token per decoding sequence, in whole chunks, no more than the prompt needs.
+* ``my_allocate(free_pages, tokens, page_size)``: the pages a request of ``tokens`` positions takes, from the front
+  of the free list, or None when too few are free. Reference: the engine's pool
+  (:class:`jaxlab.engine.pages.PagePool`) handing them out.
+* ``my_admit(waiting, free_slots, free_pages, page_size, budget, n_decode)``: one scheduler step's admissions,
+  first come first served, each with its pages from ``my_allocate``: ``[(slot, pages), ...]``.
+
+The last two are pieces of the build-the-engine track (:mod:`jaxlab.lab.exercises.track`): there they decide which
+request runs in which slot, with which pages.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 
-from jaxlab.lab.exercises import check_function
+from jaxlab.lab.exercises import check_function, report
 
 
 def reference_locate(positions, table, page_size):
@@ -80,4 +90,86 @@ def _chunk_inputs(rng):
 def check_chunks(fn, trials: int = 20) -> bool:
     return check_function(
         lambda *a: int(fn(*a)), reference_chunks, _chunk_inputs, name="prefill chunks in a step", trials=trials
+    )
+
+
+def reference_allocate(free_pages, tokens, page_size):
+    """What the engine's pool hands out: one page per ``page_size`` positions, from the front of the free list
+    (least recently freed first); None, and nothing taken, when too few are free."""
+    from jaxlab.engine.pages import PagePool
+
+    pool = PagePool(max(free_pages, default=1) + 1, page_size)
+    pool.free = OrderedDict((int(p), None) for p in free_pages)  # this free list, in this order
+    need = -(-tokens // page_size)
+    if need > pool.free_count:
+        return None
+    return [pool.allocate() for _ in range(need)]
+
+
+def _allocate_inputs(rng):
+    ps = int(rng.choice([4, 16]))
+    free = rng.permutation(np.arange(1, 30))[: int(rng.integers(0, 9))].tolist()
+    return free, int(rng.integers(1, 9 * ps)), ps
+
+
+def _same(fn, reference, make_inputs, name, trials, normal, seed=0) -> bool:
+    """``fn`` against ``reference`` on random inputs, both answers put in one plain form by ``normal``; a mismatch
+    is reported with the inputs, what you gave and what was expected."""
+    rng = np.random.default_rng(seed)
+    for trial in range(trials):
+        inputs = make_inputs(rng)
+        try:
+            got = normal(fn(*(list(a) if isinstance(a, list) else a for a in inputs)))
+        except NotImplementedError:
+            return report(False, name, "not implemented yet", False)
+        except Exception as e:  # show the reader's error as one line
+            first = (str(e).strip().splitlines() or [""])[0]
+            return report(False, name, f"trial {trial}: raised {type(e).__name__}: {first}", False)
+        want = normal(reference(*inputs))
+        if got != want:
+            args = ", ".join(map(repr, inputs))
+            return report(False, name, f"trial {trial}: ({args}) gave {got}, expected {want}", False)
+    return report(True, name, f"{trials} random inputs match the reference", False)
+
+
+def _pages(x):
+    return None if x is None else [int(p) for p in x]
+
+
+def check_allocate(fn, trials: int = 20) -> bool:
+    """``fn(free_pages, tokens, page_size) -> pages or None``, against the engine's pool."""
+    return _same(fn, reference_allocate, _allocate_inputs, "page allocation", trials, _pages)
+
+
+def reference_admit(waiting, free_slots, free_pages, page_size, budget, n_decode):
+    """First come, first served: admit the next waiting request while a slot is free, its prompt fits in what the
+    budget leaves (after one token per decoding sequence and the prompts admitted before it) and pages for its
+    prompt and its new tokens are free; stop at the first that does not fit."""
+    plan, left, free = [], budget - n_decode, list(free_pages)
+    for (prompt, new), slot in zip(waiting, free_slots):
+        pages = reference_allocate(free, prompt + new, page_size) if prompt <= left else None
+        if pages is None:
+            break
+        plan.append((slot, pages))
+        free, left = free[len(pages) :], left - prompt
+    return plan
+
+
+def _admit_inputs(rng):
+    ps = int(rng.choice([4, 16]))
+    waiting = [(int(rng.integers(1, 60)), int(rng.integers(1, 20))) for _ in range(int(rng.integers(0, 5)))]
+    free_slots = sorted(rng.permutation(4)[: int(rng.integers(0, 5))].tolist())
+    free_pages = rng.permutation(np.arange(1, 30))[: int(rng.integers(0, 16))].tolist()
+    return waiting, free_slots, free_pages, ps, int(rng.integers(16, 160)), int(rng.integers(0, 5))
+
+
+def check_admit(fn, trials: int = 30) -> bool:
+    """``fn(waiting, free_slots, free_pages, page_size, budget, n_decode) -> [(slot, pages), ...]``."""
+    return _same(
+        fn,
+        reference_admit,
+        _admit_inputs,
+        "one scheduler step",
+        trials,
+        lambda plan: [(int(slot), _pages(pages)) for slot, pages in plan],
     )
