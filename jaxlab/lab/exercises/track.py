@@ -256,9 +256,12 @@ def check_pieces(pieces: dict, paths: dict, out) -> int:
             ok, said = False, f"no function {p.name} in {getattr(where, 'name', where)}: is its exercise cell there?"
         else:
             buf = io.StringIO()
-            with contextlib.redirect_stdout(buf):
-                ok = getattr(modules[f"nb{p.number}"], p.check)(fn)
-            said = (buf.getvalue().strip().splitlines() or [""])[-1].removeprefix("FAIL: ")
+            try:
+                with contextlib.redirect_stdout(buf):
+                    ok = getattr(modules[f"nb{p.number}"], p.check)(fn)
+                said = (buf.getvalue().strip().splitlines() or [""])[-1].removeprefix("FAIL: ")
+            except Exception as e:  # what it returned broke the comparison itself
+                ok, said = False, f"its check raised {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
         failed += not ok
         detail = f"  -  {said} (fix it in {getattr(where, 'name', where)})" if not ok else ""
         out.write(f"{'PASS' if ok else 'FAIL'}  {p.number} {p.name}{detail}\n")
