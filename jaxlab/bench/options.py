@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 from dataclasses import dataclass
 
+from jaxlab.bench.llamaquant import resolve_llama_bench
 from jaxlab.errors import InvalidRequestError
 from jaxlab.quant import FORMATS as QUANT_FORMATS
 from jaxlab.quant import KV_FORMATS
@@ -70,6 +71,7 @@ class Options:
     quant_formats: tuple[str, ...] = QUANT_FORMATS  # weight formats of the quantized and quality rows
     quant_kv: tuple[str, ...] = KV_FORMATS  # KV-cache formats of the same
     quality: bool = False  # jaxlab.quant.quality's report on the same formats
+    llama_bench: str | None = None  # llama.cpp's llama-bench beside the quantized rows (jaxlab.bench.llamaquant)
     model: str | None = None  # the model of every row (and the peer's); None: the embedded GGUF
     attention: str = "xla"  # the float32 rows' attention: "xla" or "pallas" (the kernels; interpret mode on a CPU)
     targets: bool = False  # print the targets as PASS/MISS lines
@@ -155,6 +157,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="measure the quantized decode step: float32 and each --quant-formats, each with each "
         "--quant-kv cache, at --quant-batch-sizes, side by side in this process",
+    )
+    parser.add_argument(
+        "--llama-bench",
+        default=None,
+        metavar="PATH|auto|none",
+        help="with --quant: also time llama.cpp's token generation on F32, Q8_0 and Q4_1 GGUFs of the same model "
+        "(auto: the llama-bench `make llama-cpp` built) and print what quantization buys in each stack",
     )
     parser.add_argument(
         "--quant-batch-sizes",
@@ -342,6 +351,7 @@ def resolve_options(args: argparse.Namespace) -> Options:
         quant_formats=tuple(getattr(args, "quant_formats", None) or QUANT_FORMATS),
         quant_kv=tuple(getattr(args, "quant_kv", None) or KV_FORMATS),
         quality=bool(getattr(args, "quality", False)),
+        llama_bench=resolve_llama_bench(getattr(args, "llama_bench", None)),
         model=getattr(args, "model", None),
         attention=getattr(args, "attention", None) or "xla",
         targets=bool(getattr(args, "targets", False)),

@@ -227,6 +227,10 @@ def render(res: dict) -> str:
 
     if res.get("quant"):
         parts.append(render_quant(res["quant"]))
+        if res["quant"].get("llama_cpp"):
+            from jaxlab.bench.llamaquant import render as render_llama_quant
+
+            parts.append(render_llama_quant(res["quant"]))
     if res.get("quality"):
         parts.append(render_quality(res["quality"]))
 

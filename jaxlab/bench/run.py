@@ -9,6 +9,7 @@ import os
 import platform
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from jaxlab.bench.costmodel import Ceilings, add_quant_rooflines, add_rooflines, estimate_seconds
@@ -96,6 +97,8 @@ def run_bench(opts: Options, log=None) -> dict:
         "device": str(dev),
         "device_kind": dev.device_kind,
         "cpu": cpu_name(),
+        "cpus": threads_info(False)["schedulable_cpus"],
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "python": platform.python_version(),
         "chip": hardware.describe_peaks(chip, dev.device_kind),
         "threads": threads_info(setup.peer is not None),
@@ -116,6 +119,21 @@ def run_bench(opts: Options, log=None) -> dict:
     # ---- quantized decode rows, then the quality report (which reuses the quantized weights) -------
     quantized: dict[str, Any] = {}
     res["quant"] = measure_quant(opts, setup, quantized) if opts.quant else None
+    if res["quant"] and opts.llama_bench:
+        from jaxlab.bench import llamaquant
+        from jaxlab.io.assets import model_path
+
+        res["quant"]["llama_cpp"] = peer = llamaquant.measure_llama_quant(
+            opts.llama_bench,
+            setup.params,
+            setup.tokenizer,
+            Path(opts.model) if opts.model and opts.model.endswith(".gguf") else model_path(),
+            new_tokens=opts.quant_steps * 4,
+            reps=max(opts.reps, 5),
+            threads=res["meta"]["cpus"],
+            log=log,
+        )
+        res["quant"]["llama_cpp_vs_jaxlab"] = llamaquant.compare(res["quant"]["rows"], peer)
     res["quality"] = None
     if opts.quality:
         from jaxlab.quant import quality

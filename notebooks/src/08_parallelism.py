@@ -555,6 +555,8 @@ _ = check("two processes generate what one process does", all(r["tokens"] == wan
 #   sequence axis) and its max, its sum and the weighted values are all-reduced.
 # - Simulated devices show correctness, collectives and bytes, not speed: tensor parallelism trades each
 #   device's weight reads for 60 small all-reduces per token on SmolLM2.
+# - The article's overhead warning, timed: the 60 all-reduces' share of SmolLM2's tensor-parallel step (the
+#   verdict gives it for these devices); on chips the step shrinks and their latency stays, so it grows.
 #
 # **Quiz**
 #

@@ -426,7 +426,9 @@ print("stopped:", not server.thread.is_alive())
 #   request's answer in a crowd equals its answer alone.
 # - Bad input is refused before the model with a status that names whose fault it is (400, 401, 404, 413, 429);
 #   the seed's `try/except` around inference names an exception JAX does not have.
-# - A token bucket per key limits the rate cheaply; `Retry-After` tells the client when to come back.
+# - A token bucket per key and client limits the rate cheaply; `Retry-After` tells the client when to come back.
+#   Whether it protects the others is measured as their answer time during a flood: a flood within its
+#   allowance still reaches the model, and refusing one past it costs the same CPU the model runs on.
 #
 # **Quiz**
 #

@@ -272,7 +272,7 @@ def test_options_as_json_keep_the_report_schema():
     assert list(o.as_json()) == [
         *options.DEFAULTS,
         *("quick", "float", "peer", "ttft", "stages", "speculative", "quant", "quant_formats", "quant_kv"),
-        *("quality", "model", "attention", "targets", "json", "plot"),
+        *("quality", "llama_bench", "model", "attention", "targets", "json", "plot"),
     ]
     assert o.as_json()["batch_sizes"] == [1, 2] and o.as_json()["quant_formats"] == list(options.QUANT_FORMATS)
     assert dataclasses.replace(o, reps=4).reps == 4 and o.reps == 1  # frozen: change by copying
