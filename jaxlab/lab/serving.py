@@ -38,13 +38,23 @@ def scrape(url: str, key: str | None = None) -> dict[str, float]:
     return out
 
 
-def _request(url: str, method: str, path: str, key: str | None, body: dict | None, source: str) -> int:
+def _request(
+    url: str,
+    method: str,
+    path: str,
+    key: str | None,
+    body: dict | None,
+    source: str,
+    conn: http.client.HTTPConnection | None = None,
+) -> int:
     """One request from the loopback address ``source`` (the server tells clients apart by address and key)
-    -> its status."""
+    -> its status. ``conn``: a kept-alive connection to send it on (a flood reuses one per thread rather than
+    opening thousands, each leaving a socket in TIME_WAIT and taking an ephemeral port another process may want)."""
     import json
 
     u = urlsplit(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=120, source_address=(source, 0))
+    own = conn is None
+    conn = conn or http.client.HTTPConnection(u.hostname, u.port, timeout=120, source_address=(source, 0))
     try:
         headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
         conn.request(method, path, body=json.dumps(body).encode() if body is not None else None, headers=headers)
@@ -52,7 +62,8 @@ def _request(url: str, method: str, path: str, key: str | None, body: dict | Non
         response.read()
         return response.status
     finally:
-        conn.close()
+        if own:
+            conn.close()
 
 
 def flood_effect(
@@ -98,9 +109,14 @@ def flood_effect(
     def during_flood() -> tuple[float, dict[int, int]]:
         stop, statuses = threading.Event(), []
 
-        def flood():  # bounded in time (the measured answer) and in count
-            while not stop.is_set() and len(statuses) < MAX_FLOOD:
-                statuses.append(_request(url, "POST", "/v1/chat/completions", key, flood_body, flooder))
+        def flood():  # bounded in time (the measured answer) and in count; one kept-alive connection
+            u = urlsplit(url)
+            conn = http.client.HTTPConnection(u.hostname, u.port, timeout=120, source_address=(flooder, 0))
+            try:
+                while not stop.is_set() and len(statuses) < MAX_FLOOD:
+                    statuses.append(_request(url, "POST", "/v1/chat/completions", key, flood_body, flooder, conn))
+            finally:
+                conn.close()
 
         threads = [threading.Thread(target=flood, daemon=True) for _ in range(flood_threads)]
         for t in threads:
