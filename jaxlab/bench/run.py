@@ -90,6 +90,7 @@ def run_bench(opts: Options, log=None) -> dict:
 
     setup.peer, peer_reason = start_peer(opts, setup.rows[0], log)
     res["peer"] = {"enabled": setup.peer is not None, "reason": peer_reason, "what": PEER_WHAT}
+    threads = threads_info(setup.peer is not None)
     res["meta"] = {
         "jaxlab": __version__,
         "versions": versions(),
@@ -97,11 +98,11 @@ def run_bench(opts: Options, log=None) -> dict:
         "device": str(dev),
         "device_kind": dev.device_kind,
         "cpu": cpu_name(),
-        "cpus": threads_info(False)["schedulable_cpus"],
+        "cpus": threads["schedulable_cpus"],
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "python": platform.python_version(),
         "chip": hardware.describe_peaks(chip, dev.device_kind),
-        "threads": threads_info(setup.peer is not None),
+        "threads": threads,
         "load_average_start": os.getloadavg(),
         "persistent_compile_cache": jax.config.jax_compilation_cache_dir,
         "model": "SmolLM2-135M-Instruct (embedded GGUF, Q4_1 dequantized)"

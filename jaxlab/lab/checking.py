@@ -113,32 +113,40 @@ def exercise_modules():
     }
 
 
+def check_functions(modules) -> list[tuple]:
+    """(module, name, function) of every ``check_*`` the exercise modules define (not those they import)."""
+    return [
+        (mod, name, fn)
+        for mod in modules.values()
+        for name in dir(mod)
+        if name.startswith("check_")
+        and callable(fn := getattr(mod, name))
+        and getattr(fn, "__module__", None) == mod.__name__
+    ]
+
+
 @contextlib.contextmanager
 def recording(modules, results: list):
     """Every ``check_*`` of the exercise modules records (name, passed, what it printed) while inside."""
-    saved = []
+    saved = check_functions(modules)
     depth = [0]  # a check that calls another check is one result
-    for mod in modules.values():
-        for name in dir(mod):
-            fn = getattr(mod, name)
-            if name.startswith("check_") and callable(fn) and getattr(fn, "__module__", None) == mod.__name__:
+    for mod, name, fn in saved:
 
-                @functools.wraps(fn)
-                def wrapper(*a, _fn=fn, _name=f"{mod.__name__.rsplit('.', 1)[1]}.{name}", **kw):
-                    if depth[0]:
-                        return _fn(*a, **kw)
-                    buf = io.StringIO()
-                    depth[0] += 1
-                    try:
-                        with contextlib.redirect_stdout(buf):
-                            ok = _fn(*a, **kw)
-                    finally:
-                        depth[0] -= 1
-                    results.append((_name, bool(ok), buf.getvalue().strip()))
-                    return ok
+        @functools.wraps(fn)
+        def wrapper(*a, _fn=fn, _name=f"{mod.__name__.rsplit('.', 1)[1]}.{name}", **kw):
+            if depth[0]:
+                return _fn(*a, **kw)
+            buf = io.StringIO()
+            depth[0] += 1
+            try:
+                with contextlib.redirect_stdout(buf):
+                    ok = _fn(*a, **kw)
+            finally:
+                depth[0] -= 1
+            results.append((_name, bool(ok), buf.getvalue().strip()))
+            return ok
 
-                saved.append((mod, name, fn))
-                setattr(mod, name, wrapper)
+        setattr(mod, name, wrapper)
     try:
         yield
     finally:
@@ -194,12 +202,7 @@ def run_cells(path: Path, sources: list[str], ns: dict) -> list[str]:
 def checks_off(modules):
     """Every ``check_*`` of the exercise modules returns True at once while inside: a notebook's cells run for
     the functions they define, not for their checks (the build-the-engine track runs its own)."""
-    saved = [
-        (mod, name, getattr(mod, name))
-        for mod in modules.values()
-        for name in dir(mod)
-        if name.startswith("check_") and getattr(getattr(mod, name), "__module__", None) == mod.__name__
-    ]
+    saved = check_functions(modules)
     for mod, name, _ in saved:
         setattr(mod, name, lambda *a, **kw: True)
     try:
@@ -209,15 +212,19 @@ def checks_off(modules):
             setattr(mod, name, fn)
 
 
+def notebook_namespace(nn: str, path: Path, sources: list[str], modules) -> dict:
+    """:func:`namespace` after the saved notebook's imports, or one line naming the import that failed."""
+    try:
+        return namespace(nn, sources, modules, notebook_imports(path))
+    except Exception as e:  # an import of the notebook's that this environment lacks
+        raise JaxlabError(f"{path}: running the notebook's imports raised {type(e).__name__}: {e}") from None
+
+
 def definitions(number: str, path: Path) -> tuple[dict, list[str]]:
     """What a saved notebook's Exercises cells define (their namespace, after its imports), with its checks off,
     and one line per cell that failed (:func:`run_cells`)."""
-    nn = number.zfill(2)
     sources, modules = exercise_cells(path), exercise_modules()
-    try:
-        ns = namespace(nn, sources, modules, notebook_imports(path))
-    except Exception as e:  # an import of the notebook's that this environment lacks
-        raise JaxlabError(f"{path}: running the notebook's imports raised {type(e).__name__}: {e}") from None
+    ns = notebook_namespace(number.zfill(2), path, sources, modules)
     with checks_off(modules):
         return ns, run_cells(path, sources, ns)
 
@@ -229,10 +236,7 @@ def check_notebook(number: str, path: Path, out) -> int:
     if f"nb{nn}" not in modules:
         raise JaxlabError(f"notebook {nn} has no exercise checks in this jaxlab")
     results: list = []
-    try:
-        ns = namespace(nn, sources, modules, notebook_imports(path))
-    except Exception as e:  # an import of the notebook's that this environment lacks
-        raise JaxlabError(f"{path}: running the notebook's imports raised {type(e).__name__}: {e}") from None
+    ns = notebook_namespace(nn, path, sources, modules)
     out.write(f"checking the exercises of {path}\n")
     with recording(modules, results):
         problems = run_cells(path, sources, ns)

@@ -38,6 +38,12 @@ def scrape(url: str, key: str | None = None) -> dict[str, float]:
     return out
 
 
+def _connect(url: str, source: str) -> http.client.HTTPConnection:
+    """An HTTP connection to ``url`` sent from the loopback address ``source``."""
+    u = urlsplit(url)
+    return http.client.HTTPConnection(u.hostname, u.port, timeout=120, source_address=(source, 0))
+
+
 def _request(
     url: str,
     method: str,
@@ -52,9 +58,8 @@ def _request(
     opening thousands, each leaving a socket in TIME_WAIT and taking an ephemeral port another process may want)."""
     import json
 
-    u = urlsplit(url)
     own = conn is None
-    conn = conn or http.client.HTTPConnection(u.hostname, u.port, timeout=120, source_address=(source, 0))
+    conn = conn or _connect(url, source)
     try:
         headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
         conn.request(method, path, body=json.dumps(body).encode() if body is not None else None, headers=headers)
@@ -110,8 +115,7 @@ def flood_effect(
         stop, statuses = threading.Event(), []
 
         def flood():  # bounded in time (the measured answer) and in count; one kept-alive connection
-            u = urlsplit(url)
-            conn = http.client.HTTPConnection(u.hostname, u.port, timeout=120, source_address=(flooder, 0))
+            conn = _connect(url, flooder)
             try:
                 while not stop.is_set() and len(statuses) < MAX_FLOOD:
                     statuses.append(_request(url, "POST", "/v1/chat/completions", key, flood_body, flooder, conn))

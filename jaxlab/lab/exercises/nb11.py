@@ -24,7 +24,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from jaxlab.lab.exercises import check_function, report
+from jaxlab.lab.exercises import check_function
 
 
 def reference_locate(positions, table, page_size):
@@ -112,33 +112,15 @@ def _allocate_inputs(rng):
     return free, int(rng.integers(1, 9 * ps)), ps
 
 
-def _same(fn, reference, make_inputs, name, trials, normal, seed=0) -> bool:
-    """``fn`` against ``reference`` on random inputs, both answers put in one plain form by ``normal``; a mismatch
-    is reported with the inputs, what you gave and what was expected."""
-    rng = np.random.default_rng(seed)
-    for trial in range(trials):
-        inputs = make_inputs(rng)
-        try:
-            got = normal(fn(*(list(a) if isinstance(a, list) else a for a in inputs)))
-        except NotImplementedError:
-            return report(False, name, "not implemented yet", False)
-        except Exception as e:  # show the reader's error as one line
-            first = (str(e).strip().splitlines() or [""])[0]
-            return report(False, name, f"trial {trial}: raised {type(e).__name__}: {first}", False)
-        want = normal(reference(*inputs))
-        if got != want:
-            args = ", ".join(map(repr, inputs))
-            return report(False, name, f"trial {trial}: ({args}) gave {got}, expected {want}", False)
-    return report(True, name, f"{trials} random inputs match the reference", False)
-
-
 def _pages(x):
     return None if x is None else [int(p) for p in x]
 
 
 def check_allocate(fn, trials: int = 20) -> bool:
     """``fn(free_pages, tokens, page_size) -> pages or None``, against the engine's pool."""
-    return _same(fn, reference_allocate, _allocate_inputs, "page allocation", trials, _pages)
+    return check_function(
+        fn, reference_allocate, _allocate_inputs, name="page allocation", trials=trials, normal=_pages
+    )
 
 
 def reference_admit(waiting, free_slots, free_pages, page_size, budget, n_decode):
@@ -165,11 +147,11 @@ def _admit_inputs(rng):
 
 def check_admit(fn, trials: int = 30) -> bool:
     """``fn(waiting, free_slots, free_pages, page_size, budget, n_decode) -> [(slot, pages), ...]``."""
-    return _same(
+    return check_function(
         fn,
         reference_admit,
         _admit_inputs,
-        "one scheduler step",
-        trials,
-        lambda plan: [(int(slot), _pages(pages)) for slot, pages in plan],
+        name="one scheduler step",
+        trials=trials,
+        normal=lambda plan: [(int(slot), _pages(pages)) for slot, pages in plan],
     )
