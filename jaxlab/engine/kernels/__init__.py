@@ -6,15 +6,27 @@
 * :mod:`~jaxlab.engine.kernels.rmsnorm` — a first kernel: grid, ``BlockSpec`` and refs on something small;
 * :mod:`~jaxlab.engine.kernels.flash` — flash attention over the contiguous cache (prefill, and decode with it);
 * :mod:`~jaxlab.engine.kernels.paged_attention` — ragged paged attention over the paged cache, each row
-  reading only its own pages (scalar-prefetched page table on TPU, a loop over pages on GPU).
+  reading only its own pages (scalar-prefetched page table on TPU, a loop over pages on GPU);
+* :mod:`~jaxlab.engine.kernels.deltanet` — Gated DeltaNet (Qwen3.5's linear attention) in chunks, the state
+  carried across the chunk axis in VMEM.
 
-Each kernel equals the model's XLA attention (tests/engine/kernels). On a CPU they run in interpret mode: correct,
-and slow (each grid point is one step of a loop; nothing is fused across them).
+Each kernel equals its XLA reference, the model's attention or the engine's delta rule (tests/engine/kernels). On a
+CPU they run in interpret mode: correct, and slow (each grid point is one step of a loop; nothing is fused across
+them).
 """
 
 from jaxlab.engine.kernels.common import compiling_for, lower, variant_for
+from jaxlab.engine.kernels.deltanet import gated_delta_pallas
 from jaxlab.engine.kernels.flash import flash_attention
 from jaxlab.engine.kernels.paged_attention import paged_attention
 from jaxlab.engine.kernels.rmsnorm import rms_norm
 
-__all__ = ["compiling_for", "flash_attention", "lower", "paged_attention", "rms_norm", "variant_for"]
+__all__ = [
+    "compiling_for",
+    "flash_attention",
+    "gated_delta_pallas",
+    "lower",
+    "paged_attention",
+    "rms_norm",
+    "variant_for",
+]
