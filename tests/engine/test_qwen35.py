@@ -77,18 +77,19 @@ def test_decode_step_by_step_matches_transformers(params, live, parity):
     assert max(errors) <= 1e-5, errors
 
 
-def test_recurrent_form_through_the_model_equals_chunked(params, parity):
-    """The form switch: the whole prefill with the one-token-at-a-time rule gives the chunked form's logits and
-    DeltaNet states."""
+@pytest.mark.parametrize("form", ["recurrent", "pallas"])
+def test_every_form_through_the_model_equals_chunked(params, parity, form):
+    """The form switch: the whole prefill with the one-token-at-a-time rule, or with the Pallas kernel (interpreted
+    on a CPU), gives the chunked form's logits and DeltaNet states."""
     tokens, positions = padded()
     fresh = lambda: qwen35.init_hybrid_cache(CFG, len(PROMPTS), tokens.shape[1])  # noqa: E731
     chunked, c_cache = forward(params, tokens, positions, fresh(), form="chunked")
-    recurrent, r_cache = forward(params, tokens, positions, fresh(), form="recurrent")
+    other, o_cache = forward(params, tokens, positions, fresh(), form=form)
     real = positions >= 0
-    error = rel(np.asarray(recurrent)[real], np.asarray(chunked)[real])
-    parity(f"qwen3.5 tiny prefill, recurrent vs chunked form: max relative error {error:.1e}")
+    error = rel(np.asarray(other)[real], np.asarray(chunked)[real])
+    parity(f"qwen3.5 tiny prefill, {form} vs chunked form: max relative error {error:.1e}")
     assert error <= 1e-5
-    assert max(rel(r, c) for r, c in zip(r_cache.state, c_cache.state)) <= 1e-5
+    assert max(rel(o, c) for o, c in zip(o_cache.state, c_cache.state)) <= 1e-5
 
 
 def test_greedy_equals_transformers_generate(params, live):
