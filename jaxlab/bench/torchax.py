@@ -146,3 +146,38 @@ def render(res: dict) -> str:
             f"greedy tokens: torchax, jaxlab and transformers {'agree' if res['tokens_agree'] else 'DIFFER'}",
         ]
     )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m jaxlab.bench.torchax [--json PATH]``: both roads on golden prompt 6 (40 tokens), printed; with
+    ``--json``, the result, the two decode programs' StableHLO sizes and the host (``meta``) written for a notebook
+    to show where torch is not installed (``data/bench/torchax-cpu.json``)."""
+    import argparse
+    import json
+    from pathlib import Path
+
+    from jaxlab.engine.loading import load_params
+    from jaxlab.io import assets
+    from jaxlab.tools.reference import load_golden
+
+    p = argparse.ArgumentParser(prog="python -m jaxlab.bench.torchax", description=main.__doc__)
+    p.add_argument("--new-tokens", type=int, default=16)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--json", type=Path, default=None, help="write the result here")
+    args = p.parse_args(argv)
+    gguf = assets.model_path()
+    params = load_params(str(gguf), dtype="float32")[0]
+    ids = load_golden()["prompts"][5]["prompt_ids"]
+    reference = load_reference(gguf)
+    res = measure_torchax(gguf, ids, args.new_tokens, args.reps, reference=reference, params=params, log=print)
+    print(render(res))
+    if args.json:
+        tx = torchax_bridge.bridge(reference[0])
+        res["hlo"] = torchax_bridge.hlo_summary(tx, params, res["cache_len"])
+        args.json.write_text(json.dumps({"meta": res["host"], **res}, indent=1) + "\n", encoding="utf-8")
+        print(f"written: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

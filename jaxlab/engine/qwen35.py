@@ -244,7 +244,8 @@ def init_hybrid_cache(cfg: Qwen35Config, batch: int, length: int, dtype=jnp.floa
     conv = (batch, cfg.conv_kernel - 1, cfg.conv_dim)
     state = (batch, cfg.linear_v_heads, cfg.linear_k_dim, cfg.linear_v_dim)
     return HybridCache(
-        kv=init_cache(cfg.attention_config(), batch, length, dtype),
+        # a model of DeltaNet layers only reads no KV cache: one slot keeps the record's shape without its memory
+        kv=init_cache(cfg.attention_config(), batch, length if cfg.n_attention_layers else 1, dtype),
         conv=tuple(jnp.zeros(conv, jnp.float32) for _ in range(n)),
         state=tuple(jnp.zeros(state, jnp.float32) for _ in range(n)),
     )

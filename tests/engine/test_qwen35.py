@@ -20,8 +20,6 @@ from jaxlab.engine.kvcache import left_pad
 from jaxlab.io.config import qwen35_tiny
 from jaxlab.tools import qwen35_reference as reference
 
-pytest.importorskip("torch")
-
 CFG = qwen35_tiny()
 PROMPTS = [list(p) for p in reference.PROMPTS]
 forward = jax.jit(qwen35.forward, static_argnames=("last_only", "form"))

@@ -37,6 +37,7 @@ EXPECTED = [
     "10_speculative_decoding",
     "16_tpu_from_cpu",
     "17_structured_output",
+    "18_bringing_up_a_model",
 ]
 IGNORE_TAGS = {"nbval-ignore-output", "nbval-skip"}
 
