@@ -484,32 +484,35 @@ def param_name(path) -> str:
     return ".".join(str(p) for p in path)
 
 
-def init_params(cfg: LlamaConfig, key: Array | int = 0, policy: Policy | None = None) -> Params:
-    """Random weights (for tests and exercises)."""
+def init_params(cfg: LlamaConfig, key: Array | int = 0, policy: Policy | None = None, *, module=None) -> Params:
+    """Random weights (for tests, exercises and cost measurements) of ``module``, one of the lab's NNX decoders built
+    as ``module(cfg, policy, rngs=...)``: :class:`Llama` by default, ``jaxlab.engine.qwen35.Qwen35`` for its
+    config."""
     key = jax.random.key(key) if isinstance(key, int) else key
-    graphdef, state = nnx.split(Llama(cfg, policy, rngs=nnx.Rngs(params=key)))
+    graphdef, state = nnx.split((module or Llama)(cfg, policy, rngs=nnx.Rngs(params=key)))
     return Params(graphdef, state)
 
 
 @functools.lru_cache(maxsize=16)
-def _abstract_model(cfg: LlamaConfig, policy: Policy) -> tuple[Any, list]:
-    """The model's graphdef and its flat state of shapes (no arrays), once per config and policy: tracing the
-    modules' initializers for the 30-layer model takes about a second (each random key drawn is a traced update
+def _abstract_model(module, cfg: LlamaConfig, policy: Policy) -> tuple[Any, list]:
+    """The model's graphdef and its flat state of shapes (no arrays), once per module, config and policy: tracing
+    the modules' initializers for the 30-layer model takes about a second (each random key drawn is a traced update
     of the generator's counter), and a process builds parameters for one config many times (casts, the draft's
     cut, attention switches). The caller replaces every variable, so the cached list is never changed."""
-    abstract = nnx.eval_shape(lambda: Llama(cfg, policy, rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: module(cfg, policy, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
     return graphdef, list(nnx.to_flat_state(state))
 
 
 def params_from_flat(
-    cfg: LlamaConfig, flat: dict[str, Any], policy: Policy | None = None, source: str = "weights"
+    cfg: LlamaConfig, flat: dict[str, Any], policy: Policy | None = None, source: str = "weights", *, module=None
 ) -> Params:
-    """Build :class:`Params` from ``{canonical name: array}``, checking every name and shape. A value
-    may be a :class:`~jaxlab.quant.QuantizedMatrix` (stored ``[out, in]``: a kernel's transpose, the
-    embedding as it is); it is placed as it is."""
+    """Build :class:`Params` of ``module`` (default :class:`Llama`) from ``{canonical name: array}``, checking every
+    name and shape. Each array takes its parameter's dtype (the policy's, except what a module keeps in float32,
+    such as Qwen3.5's decay parameters). A value may be a :class:`~jaxlab.quant.QuantizedMatrix` (stored
+    ``[out, in]``: a kernel's transpose, the embedding as it is); it is placed as it is."""
     policy = policy or default_policy()
-    graphdef, flat_state = _abstract_model(cfg, policy)
+    graphdef, flat_state = _abstract_model(module or Llama, cfg, policy)
     expected = {param_name(p) for p, _ in flat_state}
     missing = sorted(expected - set(flat))
     extra = sorted(set(flat) - expected)
@@ -527,10 +530,11 @@ def params_from_flat(
         shape = arr.shape if not isinstance(arr, QuantizedMatrix) or name == "embed" else arr.shape[::-1]
         if tuple(shape) != want:
             raise ConfigError(f"{source}: tensor {name} has shape {tuple(shape)}, the config needs {want}")
+        dtype = var.get_value().dtype  # the policy's (a no-op there; cast_params relies on it otherwise)
         if isinstance(arr, jax.Array):
-            arr = arr.astype(policy.jnp_dtype)  # no-op in the policy's dtype; cast_params relies on it otherwise
+            arr = arr.astype(dtype)
         elif not isinstance(arr, QuantizedMatrix):
-            arr = np.asarray(arr, dtype=policy.jnp_dtype)
+            arr = np.asarray(arr, dtype=dtype)
         arrays.append(arr)
     arrays = jax.device_put(arrays)  # one transfer for the whole tree
     state = nnx.from_flat_state([(p, var.replace(a)) for (p, var), a in zip(flat_state, arrays)])

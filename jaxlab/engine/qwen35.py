@@ -29,7 +29,6 @@ matrix summing the whole history: it cannot be cut back to an earlier token. So
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -38,9 +37,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxlab.engine import model
 from jaxlab.engine.deltanet import causal_conv1d, gated_delta_chunked, gated_delta_recurrent, l2norm
 from jaxlab.engine.kvcache import KVCache, KVLayer, init_cache, left_pad
-from jaxlab.engine.model import MLP, Params, Policy, apply_rope, default_policy, dense, matmul, param_name, rope_cos_sin
+from jaxlab.engine.model import MLP, Params, Policy, apply_rope, default_policy, dense, matmul, rope_cos_sin
 from jaxlab.errors import ConfigError
 from jaxlab.io.config import Qwen35Config
 
@@ -311,38 +311,13 @@ class Qwen35(nnx.Module):
 
 def init_params(cfg: Qwen35Config, key: Array | int = 0, policy: Policy | None = None) -> Params:
     """Random weights (tests, cost measurements) as the house's :class:`~jaxlab.engine.model.Params`."""
-    key = jax.random.key(key) if isinstance(key, int) else key
-    graphdef, state = nnx.split(Qwen35(cfg, policy, rngs=nnx.Rngs(params=key)))
-    return Params(graphdef, state)
-
-
-@functools.lru_cache(maxsize=8)
-def abstract_model(cfg: Qwen35Config, policy: Policy) -> tuple[Any, list]:
-    """The model's graphdef and flat state of shapes (no arrays), once per config and policy."""
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: Qwen35(cfg, policy, rngs=nnx.Rngs(0))))
-    return graphdef, list(nnx.to_flat_state(state))
+    return model.init_params(cfg, key, policy, module=Qwen35)
 
 
 def params_from_flat(cfg: Qwen35Config, flat: Mapping[str, Any], policy: Policy | None = None) -> Params:
     """:class:`Params` from ``{canonical name: array}`` ("layers.0.deltanet.w_qkv", ...), every name and shape
-    checked. Each array takes its parameter's dtype (A_log and dt_bias stay float32)."""
-    policy = policy or default_policy()
-    graphdef, flat_state = abstract_model(cfg, policy)
-    expected = {param_name(p) for p, _ in flat_state}
-    if set(flat) != expected:
-        missing, extra = sorted(expected - set(flat)), sorted(set(flat) - expected)
-        raise ConfigError(
-            f"Qwen3.5 parameters do not match {cfg.name!r}: missing {missing[:5]}, unexpected {extra[:5]}"
-        )
-    arrays = []
-    for path, var in flat_state:
-        name, want = param_name(path), var.get_value()
-        arr = np.asarray(flat[name], dtype=want.dtype)
-        if arr.shape != want.shape:
-            raise ConfigError(f"tensor {name} has shape {arr.shape}, the config needs {want.shape}")
-        arrays.append(arr)
-    arrays = jax.device_put(arrays)
-    return Params(graphdef, nnx.from_flat_state([(p, var.replace(a)) for (p, var), a in zip(flat_state, arrays)]))
+    checked (:func:`jaxlab.engine.model.params_from_flat`; A_log and dt_bias stay float32)."""
+    return model.params_from_flat(cfg, dict(flat), policy, "Qwen3.5 parameters", module=Qwen35)
 
 
 #: transformers' name (after ``model.layers.{i}.``) -> (ours after ``layers.{i}.``, transpose): Linear weights are
