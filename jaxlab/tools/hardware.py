@@ -290,6 +290,11 @@ def topology_devices(name: str) -> list:
         )
     from jax.experimental import topologies
 
+    if accelerator_hint() is None:
+        # libtpu's lockfile keeps a second process off an attached TPU; compiling for one that is not here holds
+        # nothing, and the lock would fail a second compiling process (two test workers, a notebook beside
+        # `jaxlab compile`) with "Internal error when accessing libtpu multi-process lockfile"
+        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     t = TOPOLOGIES[name]
     with _stderr_kept_unless_failing():  # libtpu's warnings about this host's missing TPU metadata, on fd 2
         desc = topologies.get_topology_desc(
