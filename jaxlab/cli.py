@@ -255,12 +255,15 @@ def _with_adapter(m, folder):
     return dataclasses.replace(m, params=lora.merge_folder(m.params, folder))
 
 
-def _engine(options, m, slots: int, context: int):
+def _engine(options, m, slots: int, context: int, decode_buckets: bool = False):
     """The continuous-batching engine (jaxlab.engine.continuous) for ``slots`` sequences of up to ``context``
     positions; the page pool holds exactly that much."""
     from jaxlab.engine.continuous import Engine
 
-    return Engine(m.params, m.tokenizer, slots=slots, context=context, cache_dtype=options.cache_dtype)
+    return Engine(
+        m.params, m.tokenizer, slots=slots, context=context, cache_dtype=options.cache_dtype,
+        decode_buckets=decode_buckets,
+    )  # fmt: skip
 
 
 def cmd_generate(args, out=None):
@@ -531,14 +534,23 @@ def cmd_serve(args):
         body_timeout=args.body_timeout,
     )
     m = _load(model)
-    engine = _engine(model, m, slots=options.slots, context=min(options.context, m.config.max_seq_len))
+    # decode row buckets: a lone client decodes in the smallest bucket warm-up finds batch-invariant, not all slots
+    engine = _engine(
+        model, m, slots=options.slots, context=min(options.context, m.config.max_seq_len), decode_buckets=True
+    )
     t0 = time.perf_counter()
     sys.stderr.write(
-        f"jaxlab serve: compiling the engine's programs ({len(engine.widths) * 8} shapes: prefill and decode, greedy "
-        "and sampling, with and without top logprobs)...\n"
+        "jaxlab serve: compiling the engine's programs (prefill and decode for each page-table width, greedy and "
+        "sampling, with and without top logprobs; decode row buckets probed first)...\n"
     )
     engine.warmup(sampling=True, top_logprobs=True)  # a request never compiles on the engine's thread
-    sys.stderr.write(f"jaxlab serve: compiled in {time.perf_counter() - t0:.1f} s\n")
+    dropped = [str(b) for b, same in engine.bucket_probe.items() if not same]
+    sys.stderr.write(
+        f"jaxlab serve: compiled {len(engine.programs)} programs in {time.perf_counter() - t0:.1f} s; decode row "
+        f"buckets {', '.join(map(str, engine.row_buckets))}"
+        + (f" ({', '.join(dropped)} left out: this backend computed a row differently there)" if dropped else "")
+        + "\n"
+    )
     return serve(engine, options)
 
 

@@ -124,6 +124,11 @@ PAGE_SIZE = 16  # positions per page
 CHUNK = 64  # prompt tokens per prefill call
 
 
+#: Decode row buckets (what vLLM's and SGLang's captured batch sizes are): with ``decode_buckets``, a step decodes the
+#: running sequences in the smallest of these (up to ``slots``) that holds them, instead of all ``slots`` rows
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
 def table_widths(context: int, page_size: int) -> tuple[int, ...]:
     """Page-table widths in positions: one block (:data:`~jaxlab.engine.paged.BLOCK_TOKENS`), doubled up to
     ``context`` (each a whole number of blocks and pages)."""
@@ -143,7 +148,14 @@ class Engine:
     prefill call (a multiple of ``page_size``); ``context``: positions a sequence may reach (prompt and new
     tokens); ``num_pages``: the pool (default: every slot can reach ``context``, plus the null page);
     ``token_budget``: tokens computed per step (decode tokens plus prompt chunks; default ``slots + 2*chunk``);
-    ``prefix_reuse``: read full prompt pages of an identical prefix instead of computing them."""
+    ``prefix_reuse``: read full prompt pages of an identical prefix instead of computing them.
+
+    ``decode_buckets``: decode in the smallest row bucket (:data:`ROW_BUCKETS`) that holds the running sequences,
+    so one request does not pay for ``slots`` rows. A backend's matmul may compute a row differently at different
+    row counts (XLA:CPU does: rows at 1, 2-5 and 8-32 differ in their last bits, benchmarks/NOTES.md 11), which
+    would make a request's tokens depend on its neighbours; so :meth:`warmup` runs one probe row through every
+    bucket and keeps only those whose row equals the full step's bit for bit (:attr:`bucket_probe`). Until the
+    warm-up, and without it, every step decodes ``slots`` rows."""
 
     def __init__(
         self,
@@ -158,6 +170,7 @@ class Engine:
         token_budget: int | None = None,
         cache_dtype=None,
         prefix_reuse: bool = True,
+        decode_buckets: bool = False,
     ):
         cfg = params.config
         self.params, self.tokenizer, self.config = params, tokenizer, cfg
@@ -184,6 +197,10 @@ class Engine:
         self.fill_samples: list[float] = []  # stored / pages held, at the same steps
         self._free_masks: dict[int, jax.Array] = {}  # rows -> the all-ones grammar bitmask, on the device
         self.grammar_seconds = 0.0  # host time spent computing grammar masks (structured output)
+        self.decode_buckets = decode_buckets
+        self.row_buckets: tuple[int, ...] = (slots,)  # the decode row counts in use (warmup() may add smaller ones)
+        self.bucket_probe: dict[int, bool] = {}  # bucket -> its probe row equalled the full step's (after warmup)
+        self.bucket_steps: dict[int, int] = {}  # bucket -> decode steps it ran
 
     # ---- requests ----------------------------------------------------------------------------------
 
@@ -323,21 +340,25 @@ class Engine:
         self.steps += 1
         outputs: list[RequestOutput] = []
         if plan.decode:
-            rows: list[_Request | None] = [None] * self.slots
-            tokens = np.zeros((self.slots, 1), np.int32)
-            positions = np.full((self.slots, 1), -1, np.int32)
-            for seq in plan.decode:
-                rows[seq.slot] = self.requests[seq.id]
-                tokens[seq.slot, 0] = seq.tokens[seq.computed]
-                positions[seq.slot, 0] = seq.computed
+            # the running sequences packed into the first rows of the smallest bucket that holds them (a row reads
+            # only its own pages, so which row a sequence takes does not matter)
+            size = next(b for b in self.row_buckets if b >= len(plan.decode))
+            self.bucket_steps[size] = self.bucket_steps.get(size, 0) + 1
+            rows: list[_Request | None] = [None] * size
+            tokens = np.zeros((size, 1), np.int32)
+            positions = np.full((size, 1), -1, np.int32)
+            for r, seq in enumerate(plan.decode):
+                rows[r] = self.requests[seq.id]
+                tokens[r, 0] = seq.tokens[seq.computed]
+                positions[r, 0] = seq.computed
             width = self._width(max(s.computed + 1 for s in plan.decode))
             nxt, logp, tops = self._run("decode", rows, tokens, positions, width)
-            for seq in plan.decode:
+            for r, seq in enumerate(plan.decode):
                 replay = seq.replay
                 self.scheduler.computed(seq, seq.computed + 1)
                 if not replay:
-                    top = _row(tops, seq.slot)
-                    outputs += self._emit(self.requests[seq.id], int(nxt[seq.slot]), float(logp[seq.slot]), top)
+                    top = _row(tops, r)
+                    outputs += self._emit(self.requests[seq.id], int(nxt[r]), float(logp[r]), top)
         for ch in plan.chunks:
             req = self.requests.get(ch.seq.id)
             if req is None or ch.seq.done:
@@ -459,9 +480,14 @@ class Engine:
         before = self.programs.compile_seconds_total
         kinds = [SamplingParams()] + ([SamplingParams(temperature=1.0)] if sampling else [])
         tops = [0, TOP_LOGPROBS] if top_logprobs else [0]
+        candidates = self.candidate_buckets()
+        if len(candidates) > 1:  # the probe compiles each candidate once; only the kept ones get every variant
+            self.bucket_probe = self.probe_buckets(candidates)
+            self.row_buckets = tuple(b for b in candidates if self.bucket_probe[b])
+        shapes = [("decode", b, 1) for b in self.row_buckets] + [("prefill", 1, self.chunk)]
         for sp, top in itertools.product(kinds, tops):
             for width in self.widths:
-                for name, rows, t in (("decode", self.slots, 1), ("prefill", 1, self.chunk)):
+                for name, rows, t in shapes:
                     samp, greedy_rows = GREEDY, jnp.ones(rows, bool)
                     if not sp.greedy:
                         samp, greedy_rows = stack_rows([sp] * rows)
@@ -479,3 +505,23 @@ class Engine:
                     fn, _ = self.programs.get(name, jit_rows, args, {"top": top} if top else None)
                     *_, self.cache = fn(*args)  # all positions -1: writes go to the null page only
         return self.programs.compile_seconds_total - before
+
+    def candidate_buckets(self) -> tuple[int, ...]:
+        """The decode row counts warm-up compiles: :data:`ROW_BUCKETS` below ``slots``, and ``slots``."""
+        if not self.decode_buckets:
+            return (self.slots,)
+        return tuple(b for b in ROW_BUCKETS if b < self.slots) + (self.slots,)
+
+    def probe_buckets(self, buckets: Sequence[int]) -> dict[int, bool]:
+        """Whether one probe row (token 1 at position 0, reading and writing only the null page) gets the same
+        token and the same log-probability, bit for bit, in each bucket as in the full ``slots``-row step: the
+        buckets a request may run in without its tokens depending on how many run beside it."""
+        out = {}
+        for b in buckets:
+            tokens = np.zeros((b, 1), np.int32)
+            positions = np.full((b, 1), -1, np.int32)
+            tokens[0, 0], positions[0, 0] = 1, 0
+            nxt, logp, _ = self._run("decode", [None] * b, tokens, positions, self.widths[0])
+            out[b] = (int(nxt[0]), logp[0].tobytes())
+        full = out[self.slots]
+        return {b: out[b] == full for b in buckets}

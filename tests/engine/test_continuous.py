@@ -114,6 +114,37 @@ def test_no_compilation_after_warmup_under_any_mix(tiny_params):
     assert cc.count == 0, cc.names
 
 
+def test_decode_buckets_keep_batch_invariance_and_compile_nothing_after_warmup(tiny_params):
+    """With decode buckets, warm-up probes each row bucket and keeps those whose probe row equals the full step's
+    bit for bit; requests then decode in the smallest kept bucket that holds them, their tokens those of the same
+    requests alone, and no mix compiles anything."""
+    eng = tiny_engine(tiny_params, slots=4, decode_buckets=True)
+    eng.warmup(sampling=True)
+    assert set(eng.bucket_probe) == {1, 2, 4} and eng.bucket_probe[4]
+    assert eng.row_buckets == tuple(b for b in (1, 2, 4) if eng.bucket_probe[b])
+    mix = random_mix(random.Random(11), 6)
+    with CompileCounter() as cc:
+        streams = {i: eng.add_request(prompt, sp, max_new_tokens=n, seed=i, ignore_eos=True)
+                   for _, prompt, n, sp, i in mix}  # fmt: skip
+        eng.run()
+    assert cc.count == 0, cc.names
+    assert set(eng.bucket_steps) <= set(eng.row_buckets)
+    if len(eng.row_buckets) > 1:  # the tail of the run, fewer than 4 running, took a smaller bucket
+        assert min(eng.bucket_steps) < 4, eng.bucket_steps
+    for _, prompt, n, sp, i in mix:
+        assert streams[i].token_ids == alone(tiny_params, prompt, n, sp, seed=i), f"request {i}"
+
+
+def test_a_bucket_whose_probe_differs_is_not_used(tiny_params, monkeypatch):
+    eng = tiny_engine(tiny_params, slots=4, decode_buckets=True)
+    monkeypatch.setattr(eng, "probe_buckets", lambda buckets: {b: b != 2 for b in buckets})
+    eng.warmup()
+    assert eng.row_buckets == (1, 4)
+    streams = [eng.add_request([1, 5 + i], max_new_tokens=3, ignore_eos=True) for i in range(2)]
+    eng.run()  # two running: bucket 2 would hold them, but it was dropped
+    assert all(len(s.token_ids) == 3 for s in streams) and 2 not in eng.bucket_steps and 4 in eng.bucket_steps
+
+
 def test_abort_frees_the_slot_and_pages_at_once(tiny_params):
     eng = tiny_engine(tiny_params, slots=1)
     a = eng.add_request([1, 2, 3, 4, 5, 6], max_new_tokens=30, ignore_eos=True)
