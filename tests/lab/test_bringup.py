@@ -3,6 +3,7 @@ Qwen3.5 configuration, and its exercises' checkers: the solutions pass, wrong an
 
 from __future__ import annotations
 
+import matplotlib.pyplot as plt
 import numpy as np
 from conftest import load_solution
 
@@ -21,6 +22,7 @@ def test_decode_cost_rows_hold_each_kinds_cache_and_a_flat_deltanet_state():
     assert all(r["ms"] > 0 for r in rows) and bringup.growth(rows, "full_attention") > 0
     fig = bringup.plot_decode_cost(rows, "tiny")
     assert len(fig.axes) == 2 and len(fig.axes[0].lines) == 2
+    plt.close(fig)  # a worker's figures add up across test files (matplotlib warns past 20)
 
 
 def test_prefill_forms_times_each_form_and_names_the_faster():
