@@ -41,7 +41,7 @@ from jaxlab.engine.grammar import Constraint, Matcher, allow_all
 from jaxlab.engine.model import Params
 from jaxlab.engine.paged import init_paged_cache
 from jaxlab.engine.pages import PagePool
-from jaxlab.engine.plan import check_request
+from jaxlab.engine.plan import bucket, check_request
 from jaxlab.engine.programs import Programs
 from jaxlab.engine.sampling import SamplingParams, stack_rows
 from jaxlab.engine.scheduler import Scheduler, Seq
@@ -342,7 +342,7 @@ class Engine:
         if plan.decode:
             # the running sequences packed into the first rows of the smallest bucket that holds them (a row reads
             # only its own pages, so which row a sequence takes does not matter)
-            size = next(b for b in self.row_buckets if b >= len(plan.decode))
+            size = bucket(len(plan.decode), self.row_buckets)
             self.bucket_steps[size] = self.bucket_steps.get(size, 0) + 1
             rows: list[_Request | None] = [None] * size
             tokens = np.zeros((size, 1), np.int32)

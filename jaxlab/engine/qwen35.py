@@ -237,17 +237,23 @@ class HybridCache:
         return self.kv.nbytes() + sum(a.size * a.dtype.itemsize for a in (*self.conv, *self.state))
 
 
+def zero_states(cfg: Qwen35Config, batch: int) -> tuple[Array, Array]:
+    """One DeltaNet layer's states before any token: (conv inputs [B, K-1, C], recurrent state [B, Hv, Dk, Dv])."""
+    return (
+        jnp.zeros((batch, cfg.conv_kernel - 1, cfg.conv_dim), jnp.float32),
+        jnp.zeros((batch, cfg.linear_v_heads, cfg.linear_k_dim, cfg.linear_v_dim), jnp.float32),
+    )
+
+
 def init_hybrid_cache(cfg: Qwen35Config, batch: int, length: int, dtype=jnp.float32) -> HybridCache:
     """An empty cache for ``batch`` rows: ``length`` KV slots per attention layer (``dtype``: float or "int8", as
     :func:`~jaxlab.engine.kvcache.init_cache`) and zero DeltaNet states."""
-    n = cfg.n_deltanet_layers
-    conv = (batch, cfg.conv_kernel - 1, cfg.conv_dim)
-    state = (batch, cfg.linear_v_heads, cfg.linear_k_dim, cfg.linear_v_dim)
+    states = [zero_states(cfg, batch) for _ in range(cfg.n_deltanet_layers)]
     return HybridCache(
         # a model of DeltaNet layers only reads no KV cache: one slot keeps the record's shape without its memory
         kv=init_cache(cfg.attention_config(), batch, length if cfg.n_attention_layers else 1, dtype),
-        conv=tuple(jnp.zeros(conv, jnp.float32) for _ in range(n)),
-        state=tuple(jnp.zeros(state, jnp.float32) for _ in range(n)),
+        conv=tuple(c for c, _ in states),
+        state=tuple(s for _, s in states),
     )
 
 
@@ -278,11 +284,8 @@ class Qwen35(nnx.Module):
             with jax.named_scope(f"layer{i}"):
                 if layer.kind == "linear_attention":
                     j = len(convs)
-                    if cache is None:  # a pass without a cache starts every DeltaNet from zeros
-                        conv = jnp.zeros((b, cfg.conv_kernel - 1, cfg.conv_dim), jnp.float32)
-                        state = jnp.zeros((b, cfg.linear_v_heads, cfg.linear_k_dim, cfg.linear_v_dim), jnp.float32)
-                    else:
-                        conv, state = cache.conv[j], cache.state[j]
+                    # a pass without a cache starts every DeltaNet from zeros
+                    conv, state = zero_states(cfg, b) if cache is None else (cache.conv[j], cache.state[j])
                     x, _, conv, state = layer(x, positions, cos, sin, conv=conv, state=state, form=form)
                     convs.append(conv)
                     states.append(state)

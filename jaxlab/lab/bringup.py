@@ -1,15 +1,15 @@
 """Notebook 18's measurements of the second architecture: what a Gated DeltaNet layer costs per decoded token as
 the context grows (against full attention), and what the chunked form buys a prefill (against the recurrent one).
 
-Every timing is the best of ``repeats`` synchronized calls of one compiled program, after a warm-up call; the
-sizes come from :class:`jaxlab.io.config.Qwen35Config` presets with every layer of one kind, so a row is that
-kind's cost alone.
+Every timing is the best of ``repeats`` synchronized calls of one compiled program, after a warm-up call
+(:func:`jaxlab.tools.profile.time_fn`, or the same loop threading a donated cache); the sizes come from
+:class:`jaxlab.io.config.Qwen35Config` presets with every layer of one kind, so a row is that kind's cost alone.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -17,19 +17,9 @@ import numpy as np
 
 from jaxlab.engine import qwen35
 from jaxlab.io.config import Qwen35Config
+from jaxlab.tools.profile import time_fn
 
 KINDS = {"full_attention": "full attention (KV cache)", "linear_attention": "Gated DeltaNet (state)"}
-
-
-def best_seconds(fn: Callable, *args, repeats: int = 5) -> float:
-    """Best of ``repeats`` synchronized calls, after one call that compiles and warms up."""
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def one_kind(cfg: Qwen35Config, kind: str) -> Qwen35Config:
@@ -91,7 +81,7 @@ def prefill_forms(
         positions = jnp.arange(t, dtype=jnp.int32)[None]
         for form in forms:
             cache = qwen35.init_hybrid_cache(cfg, 1, t)
-            s = best_seconds(lambda *a, f=form: step(*a, form=f), params, tokens, positions, cache, repeats=repeats)
+            s = time_fn(step, params, tokens, positions, cache, form=form, repeats=repeats).min
             rows.append({"form": form, "tokens": t, "ms": s * 1e3, "tokens_per_s": t / s})
     return rows
 
