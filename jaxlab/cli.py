@@ -133,7 +133,16 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with a chat page (continuous batching)")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--max-batch", type=int, default=8, metavar="N", help="sequences decoded together (slots)")
+    s.add_argument("--max-batch", type=int, default=8, metavar="N", help="rows of one decode call (default 8)")
+    s.add_argument(
+        "--max-running", type=int, default=64, metavar="N", help="requests running at once, memory allowing (64)"
+    )
+    s.add_argument(
+        "--kv-tokens", type=int, default=None, metavar="N", help="KV memory in positions (default max-batch x context)"
+    )
+    s.add_argument(
+        "--kv-memory", type=float, default=None, metavar="F", help="KV memory as a fraction of the free memory"
+    )
     s.add_argument(
         "--context", type=int, default=CHAT_CONTEXT, metavar="N", help=f"positions per request (default {CHAT_CONTEXT})"
     )
@@ -255,15 +264,12 @@ def _with_adapter(m, folder):
     return dataclasses.replace(m, params=lora.merge_folder(m.params, folder))
 
 
-def _engine(options, m, slots: int, context: int, decode_buckets: bool = False):
+def _engine(options, m, slots: int, context: int):
     """The continuous-batching engine (jaxlab.engine.continuous) for ``slots`` sequences of up to ``context``
     positions; the page pool holds exactly that much."""
     from jaxlab.engine.continuous import Engine
 
-    return Engine(
-        m.params, m.tokenizer, slots=slots, context=context, cache_dtype=options.cache_dtype,
-        decode_buckets=decode_buckets,
-    )  # fmt: skip
+    return Engine(m.params, m.tokenizer, slots=slots, context=context, cache_dtype=options.cache_dtype)
 
 
 def cmd_generate(args, out=None):
@@ -512,7 +518,7 @@ def cmd_serve(args):
         raise JaxlabError(
             f"jaxlab serve needs {e.name}, which is not installed: pip install 'jaxlab[serve]' (make lab installs it)"
         ) from None
-    from jaxlab.serve import ServeOptions, serve, served_name
+    from jaxlab.serve import ServeOptions, engine_for, serve, served_name
 
     _port_free(args.host, args.port)  # before a minute of loading and compiling, not after
     model = _model_options(args)
@@ -524,6 +530,9 @@ def cmd_serve(args):
         request_timeout=args.request_timeout,
         grace_seconds=args.grace,
         slots=args.max_batch,
+        max_running=args.max_running,
+        kv_tokens=args.kv_tokens,
+        kv_memory=args.kv_memory,
         context=args.context,
         host=args.host,
         port=args.port,
@@ -534,10 +543,7 @@ def cmd_serve(args):
         body_timeout=args.body_timeout,
     )
     m = _load(model)
-    # decode row buckets: a lone client decodes in the smallest bucket warm-up finds batch-invariant, not all slots
-    engine = _engine(
-        model, m, slots=options.slots, context=min(options.context, m.config.max_seq_len), decode_buckets=True
-    )
+    engine = engine_for(m.params, m.tokenizer, options, model.cache_dtype)
     t0 = time.perf_counter()
     sys.stderr.write(
         "jaxlab serve: compiling the engine's programs (prefill and decode for each page-table width, greedy and "
@@ -546,7 +552,8 @@ def cmd_serve(args):
     engine.warmup(sampling=True, top_logprobs=True)  # a request never compiles on the engine's thread
     dropped = [str(b) for b, same in engine.bucket_probe.items() if not same]
     sys.stderr.write(
-        f"jaxlab serve: compiled {len(engine.programs)} programs in {time.perf_counter() - t0:.1f} s; decode row "
+        f"jaxlab serve: compiled {len(engine.programs)} programs in {time.perf_counter() - t0:.1f} s; up to "
+        f"{engine.max_running} requests in {engine.pool.capacity * engine.page_size} KV positions; decode row "
         f"buckets {', '.join(map(str, engine.row_buckets))}"
         + (f" ({', '.join(dropped)} left out: this backend computed a row differently there)" if dropped else "")
         + "\n"

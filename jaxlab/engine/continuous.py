@@ -6,9 +6,11 @@ budget (:mod:`jaxlab.engine.scheduler` decides which), then hands each request i
 request frees its slot and pages at once and the next one takes them in the following step; ``abort``
 frees them within one step.
 
-Compiled shapes are fixed: the decode program takes ``slots`` rows of one token, the prefill program one
+Compiled shapes are fixed: the decode program takes ``slots`` rows of one token (or a smaller row bucket, with
+``decode_buckets``; more running sequences than ``slots`` are decoded in several calls), the prefill program one
 row of ``chunk`` tokens, each for a few page-table widths (:attr:`Engine.widths`, a bucket of the longest
-row), greedy or sampling. :meth:`Engine.warmup` compiles them all; after it no mix of requests compiles
+row), greedy or sampling. How many sequences run is bounded by ``max_running`` and, with a ``watermark``, by the
+KV memory (admission by memory, :mod:`~jaxlab.engine.scheduler`). :meth:`Engine.warmup` compiles them all; after it no mix of requests compiles
 anything (a test counts).
 
 **Batch invariance.** Each row computes only from its own tokens and pages, and its random key is derived
@@ -144,11 +146,19 @@ def table_widths(context: int, page_size: int) -> tuple[int, ...]:
 class Engine:
     """Continuous batching over a paged KV cache (see the module's docstring).
 
-    ``slots``: rows of the decode step; ``page_size``: positions per page; ``chunk``: prompt tokens per
-    prefill call (a multiple of ``page_size``); ``context``: positions a sequence may reach (prompt and new
-    tokens); ``num_pages``: the pool (default: every slot can reach ``context``, plus the null page);
-    ``token_budget``: tokens computed per step (decode tokens plus prompt chunks; default ``slots + 2*chunk``);
-    ``prefix_reuse``: read full prompt pages of an identical prefix instead of computing them.
+    ``slots``: rows of the decode program (its largest row bucket); ``max_running``: sequences that may run at
+    once (default ``slots``; when more than ``slots`` decode, a step runs them in several calls of at most
+    ``slots`` rows); ``page_size``: positions per page; ``chunk``: prompt tokens per prefill call (a multiple of
+    ``page_size``); ``context``: positions a sequence may reach (prompt and new tokens).
+
+    **Memory.** ``kv_tokens``: the KV budget in positions (the pool is that many pages, plus the null page; or give
+    ``kv_bytes``, the memory the pool may take, or ``num_pages``; default: ``max_running`` sequences can each reach
+    ``context``). ``watermark``: admission by
+    memory (:mod:`~jaxlab.engine.scheduler`): a waiting request starts only if the free pages, less what the running
+    requests still need for their prompts, hold its prompt and leave this fraction of the pool free for growth
+    (default 0.01, vLLM's); None admits whenever fewer than ``max_running`` run, and preemption makes room.
+    ``token_budget``: tokens computed per step (decode tokens plus prompt chunks; default ``max_running +
+    2*chunk``); ``prefix_reuse``: read full prompt pages of an identical prefix instead of computing them.
 
     ``decode_buckets``: decode in the smallest row bucket (:data:`ROW_BUCKETS`) that holds the running sequences,
     so one request does not pay for ``slots`` rows. A backend's matmul may compute a row differently at different
@@ -171,23 +181,49 @@ class Engine:
         cache_dtype=None,
         prefix_reuse: bool = True,
         decode_buckets: bool = False,
+        max_running: int | None = None,
+        kv_tokens: int | None = None,
+        kv_bytes: int | None = None,
+        watermark: float | None = 0.01,
     ):
         cfg = params.config
         self.params, self.tokenizer, self.config = params, tokenizer, cfg
         context = min(cfg.max_seq_len, 2048) if context is None else context
         if not 0 < context <= cfg.max_seq_len:
             raise InvalidRequestError(f"context must be in 1..{cfg.max_seq_len} (the model's), got {context}")
-        if slots < 1 or page_size < 1 or chunk < 1:
-            raise InvalidRequestError("slots, page_size and chunk must be >= 1")
-        self.slots, self.page_size, self.chunk = slots, page_size, chunk
+        max_running = slots if max_running is None else max_running
+        if slots < 1 or page_size < 1 or chunk < 1 or max_running < 1:
+            raise InvalidRequestError("slots, max_running, page_size and chunk must be >= 1")
+        if sum(x is not None for x in (num_pages, kv_tokens, kv_bytes)) > 1:
+            raise InvalidRequestError("give the KV budget once: kv_tokens (positions), kv_bytes or num_pages")
+        self.slots, self.max_running, self.page_size, self.chunk = slots, max_running, page_size, chunk
         self.widths = table_widths(context, page_size)
         self.context = context
-        num_pages = num_pages or slots * (self.widths[-1] // page_size) + 1
         self.cache_dtype = jnp.dtype(cache_dtype or params.policy.jnp_dtype)
+        if kv_bytes is not None:
+            kv_tokens = paged.kv_tokens_for(cfg, kv_bytes, page_size, self.cache_dtype)
+            if kv_tokens < context:
+                raise InvalidRequestError(
+                    f"a KV budget of {kv_bytes / 2**20:.0f} MiB holds {kv_tokens} positions, fewer than one request's "
+                    f"context ({context}): give more memory or a shorter context"
+                )
+        if kv_tokens is not None:
+            if kv_tokens < page_size:
+                raise InvalidRequestError(
+                    f"kv_tokens must hold at least one page ({page_size} positions), got {kv_tokens}"
+                )
+            num_pages = kv_tokens // page_size + 1
+        num_pages = num_pages or max_running * (self.widths[-1] // page_size) + 1
         self.cache = init_paged_cache(cfg, num_pages, page_size, dtype=self.cache_dtype)
         self.pool = PagePool(num_pages, page_size)
         self.scheduler = Scheduler(
-            slots, self.pool, chunk, token_budget or slots + 2 * chunk, context, prefix_reuse=prefix_reuse
+            max_running,
+            self.pool,
+            chunk,
+            token_budget or max_running + 2 * chunk,
+            context,
+            prefix_reuse=prefix_reuse,
+            watermark=watermark,
         )
         self.programs = Programs()
         self.requests: dict[str, _Request] = {}
@@ -195,12 +231,15 @@ class Engine:
         self.steps = 0
         self.kv_samples: list[float] = []  # KV use (stored / pool) after each step while requests waited
         self.fill_samples: list[float] = []  # stored / pages held, at the same steps
+        self.kv_peak = 0.0  # the highest KV use after any step
         self._free_masks: dict[int, jax.Array] = {}  # rows -> the all-ones grammar bitmask, on the device
         self.grammar_seconds = 0.0  # host time spent computing grammar masks (structured output)
         self.decode_buckets = decode_buckets
         self.row_buckets: tuple[int, ...] = (slots,)  # the decode row counts in use (warmup() may add smaller ones)
         self.bucket_probe: dict[int, bool] = {}  # bucket -> its probe row equalled the full step's (after warmup)
-        self.bucket_steps: dict[int, int] = {}  # bucket -> decode steps it ran
+        self.bucket_steps: dict[int, int] = {}  # bucket -> decode calls it ran
+        self.last_bucket: int | None = None  # the row bucket of the last decode call
+        self.most_running = 0  # the most sequences that ran in one step
 
     # ---- requests ----------------------------------------------------------------------------------
 
@@ -338,27 +377,10 @@ class Engine:
         if plan.empty:
             return []
         self.steps += 1
+        self.most_running = max(self.most_running, len(self.scheduler.running))
         outputs: list[RequestOutput] = []
-        if plan.decode:
-            # the running sequences packed into the first rows of the smallest bucket that holds them (a row reads
-            # only its own pages, so which row a sequence takes does not matter)
-            size = bucket(len(plan.decode), self.row_buckets)
-            self.bucket_steps[size] = self.bucket_steps.get(size, 0) + 1
-            rows: list[_Request | None] = [None] * size
-            tokens = np.zeros((size, 1), np.int32)
-            positions = np.full((size, 1), -1, np.int32)
-            for r, seq in enumerate(plan.decode):
-                rows[r] = self.requests[seq.id]
-                tokens[r, 0] = seq.tokens[seq.computed]
-                positions[r, 0] = seq.computed
-            width = self._width(max(s.computed + 1 for s in plan.decode))
-            nxt, logp, tops = self._run("decode", rows, tokens, positions, width)
-            for r, seq in enumerate(plan.decode):
-                replay = seq.replay
-                self.scheduler.computed(seq, seq.computed + 1)
-                if not replay:
-                    top = _row(tops, r)
-                    outputs += self._emit(self.requests[seq.id], int(nxt[r]), float(logp[r]), top)
+        for at in range(0, len(plan.decode), self.slots):  # more running than rows: calls of at most `slots` rows
+            outputs += self._decode(plan.decode[at : at + self.slots])
         for ch in plan.chunks:
             req = self.requests.get(ch.seq.id)
             if req is None or ch.seq.done:
@@ -372,9 +394,34 @@ class Engine:
             self.scheduler.computed(ch.seq, ch.end)
             if ch.last and not ch.seq.generated:
                 outputs += self._emit(req, int(nxt[0]), float(logp[0]), _row(tops, 0))
+        use = self.scheduler.kv_use()
+        self.kv_peak = max(self.kv_peak, use)
         if self.scheduler.waiting:
-            self.kv_samples.append(self.scheduler.kv_use())
+            self.kv_samples.append(use)
             self.fill_samples.append(self.scheduler.page_fill())
+        return outputs
+
+    def _decode(self, seqs: list[Seq]) -> list[RequestOutput]:
+        """One token for each of ``seqs``, packed into the first rows of the smallest row bucket that holds them (a
+        row reads only its own pages, so which row a sequence takes does not matter)."""
+        size = bucket(len(seqs), self.row_buckets)
+        self.bucket_steps[size] = self.bucket_steps.get(size, 0) + 1
+        self.last_bucket = size
+        rows: list[_Request | None] = [None] * size
+        tokens = np.zeros((size, 1), np.int32)
+        positions = np.full((size, 1), -1, np.int32)
+        for r, seq in enumerate(seqs):
+            rows[r] = self.requests[seq.id]
+            tokens[r, 0] = seq.tokens[seq.computed]
+            positions[r, 0] = seq.computed
+        width = self._width(max(s.computed + 1 for s in seqs))
+        nxt, logp, tops = self._run("decode", rows, tokens, positions, width)
+        outputs: list[RequestOutput] = []
+        for r, seq in enumerate(seqs):
+            replay = seq.replay
+            self.scheduler.computed(seq, seq.computed + 1)
+            if not replay:
+                outputs += self._emit(self.requests[seq.id], int(nxt[r]), float(logp[r]), _row(tops, r))
         return outputs
 
     def _emit(self, req: _Request, token: int, logp: float, top=None) -> list[RequestOutput]:

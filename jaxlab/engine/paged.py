@@ -131,6 +131,13 @@ def paged_cache_bytes(cfg: LlamaConfig, num_pages: int, page_size: int, dtype=jn
     return 2 * cfg.n_layers * num_pages * page_size * cfg.n_kv_heads * kv_vector_bytes(cfg, dtype)
 
 
+def kv_tokens_for(cfg: LlamaConfig, budget_bytes: int, page_size: int, dtype=jnp.float32) -> int:
+    """The KV positions (whole pages) a pool of at most ``budget_bytes`` holds, the null page set aside: the
+    inverse of :func:`paged_cache_bytes`, for a KV budget given as memory."""
+    page = paged_cache_bytes(cfg, 1, page_size, dtype)
+    return max(0, budget_bytes // page - 1) * page_size
+
+
 def init_paged_cache(
     cfg: LlamaConfig, num_pages: int, page_size: int, rows: int = 1, pages_per_row: int = 1, dtype=jnp.float32
 ) -> PagedKVCache:

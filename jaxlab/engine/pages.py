@@ -87,6 +87,17 @@ class PagePool:
             self.by_hash[digest] = page
             self.hash_of[page] = digest
 
+    def held_prefix(self, hashes: Sequence[bytes]) -> int:
+        """How many pages of the longest registered prefix of ``hashes`` someone holds now: reading them takes
+        no page from the free list (a registered page no one holds is on the free list, and reading it takes it)."""
+        n = 0
+        for digest in hashes:
+            page = self.by_hash.get(digest)
+            if page is None or self.refs[page] == 0:
+                break
+            n += 1
+        return n
+
     def match_prefix(self, hashes: Sequence[bytes]) -> list[int]:
         """The pages of the longest registered prefix of ``hashes``, each taken (its count raised)."""
         pages = []

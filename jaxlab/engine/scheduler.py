@@ -3,7 +3,12 @@
 Host-side bookkeeping only (no arrays, no model), so its rules are tested on their own. Every step
 (:meth:`Scheduler.schedule`):
 
-1. **Admit** waiting sequences into free slots, first come first served. A sequence preempted earlier goes
+1. **Admit** waiting sequences into free slots, first come first served, while memory allows: with a
+   ``watermark`` (a fraction of the pool), the sequence at the head of the queue is admitted only if the free
+   pages, less those the running sequences still need for their prompts, hold its prompt and leave the
+   watermark free for the running sequences' growth (admission by memory: how many run is decided by the KV
+   budget, up to ``max_running``); without one, whenever a slot is free (the pages are found as positions are
+   written, and preemption makes room). A sequence preempted earlier goes
    back to the waiting queue in its arrival order, so it is admitted before anything that arrived after it:
    no request is starved. The longest run of full prompt pages found in the prefix table
    (:class:`~jaxlab.engine.pages.PagePool`) is taken instead of computed (prefix reuse); a sequence whose
@@ -25,6 +30,7 @@ does the same for a request given up.
 from __future__ import annotations
 
 import bisect
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -87,25 +93,37 @@ class StepPlan:
 
 
 class Scheduler:
-    """Slots, pages and the token budget of a continuous-batching engine (see the module's docstring)."""
+    """Slots, pages and the token budget of a continuous-batching engine (see the module's docstring).
+    ``max_running``: sequences that may run at once (each holds a slot); ``watermark``: admission by memory, the
+    fraction of the pool kept free for growth when admitting (None: admit whenever a slot is free)."""
 
     def __init__(
-        self, slots: int, pool: PagePool, chunk: int, token_budget: int, max_len: int, prefix_reuse: bool = True
+        self,
+        max_running: int,
+        pool: PagePool,
+        chunk: int,
+        token_budget: int,
+        max_len: int,
+        prefix_reuse: bool = True,
+        watermark: float | None = None,
     ):
         if chunk % pool.page_size:
             raise InvalidRequestError(
                 f"the prefill chunk ({chunk}) must be a multiple of the page size ({pool.page_size})"
             )
-        if token_budget < slots + chunk:
+        if token_budget < max_running + chunk:
             raise InvalidRequestError(
-                f"a token budget of {token_budget} cannot hold a decode token for each of {slots} slots and one "
-                f"prefill chunk of {chunk}: give at least {slots + chunk}"
+                f"a token budget of {token_budget} cannot hold a decode token for each of {max_running} running "
+                f"sequences and one prefill chunk of {chunk}: give at least {max_running + chunk}"
             )
-        self.slots, self.pool, self.chunk, self.token_budget = slots, pool, chunk, token_budget
+        if watermark is not None and not 0 <= watermark < 1:
+            raise InvalidRequestError(f"the watermark is a fraction of the page pool in [0, 1), got {watermark}")
+        self.max_running, self.pool, self.chunk, self.token_budget = max_running, pool, chunk, token_budget
+        self.watermark = None if watermark is None else math.ceil(watermark * pool.capacity)  # in pages
         self.max_len, self.prefix_reuse = max_len, prefix_reuse
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []  # by arrival
-        self.free_slots = list(range(slots))
+        self.free_slots = list(range(max_running))
         self._arrivals = 0
         self.preemptions = 0
         self._preempted: list[Seq] = []
@@ -160,11 +178,30 @@ class Scheduler:
 
     def _admit(self) -> None:
         while self.free_slots and self.waiting:
+            if not self._fits(self.waiting[0]):
+                break  # first come, first served: nothing overtakes the head of the queue
             seq = self.waiting.popleft()
             seq.slot = self.free_slots.pop(0)
             seq.reused = 0
             self._reuse(seq)
             bisect.insort(self.running, seq, key=lambda s: s.arrival)
+
+    def pages_to_resume(self, seq: Seq) -> int:
+        """Pages ``seq`` still has to take before it decodes new tokens: its prompt (and, after a preemption, the
+        tokens it generated, fed again), less the pages it holds."""
+        return max(0, -(-len(seq.tokens) // self.pool.page_size) - len(seq.pages))
+
+    def _fits(self, seq: Seq) -> bool:
+        """Admission by memory: whether the free pages, less what the running sequences still need for their
+        prompts, hold ``seq``'s (less its reusable prefix) and leave the watermark free. Always true without a
+        watermark, and when nothing runs (a request that fits the pool at all must be able to start)."""
+        if self.watermark is None or not self.running:
+            return True
+        reserved = sum(self.pages_to_resume(s) for s in self.running)
+        need = self.pages_to_resume(seq)
+        if self.prefix_reuse and not seq.pages:  # prompt pages another running request holds are read, not taken
+            need -= self.pool.held_prefix(seq.hashes[: (len(seq.prompt) - 1) // self.pool.page_size])
+        return self.pool.free_count - reserved - need >= self.watermark
 
     def _reuse(self, seq: Seq) -> None:
         """Take the registered pages that continue ``seq``'s prompt (never its last token's page: that token's

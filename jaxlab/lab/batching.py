@@ -12,22 +12,24 @@
 * :data:`STORED_TRACE` — the full trace's recorded ratios (``benchmarks/results-trace-cpu.json``), which the
   notebook judges its claims on beside its own reduced trace.
 * :func:`plot_prefix_reuse` — time to first token of each request with prefix reuse off and on.
+* :func:`run_arrivals` / :func:`plot_engine_state` — requests arriving at given steps through an engine, with
+  what ``/metrics`` shows after each step (running, waiting, pages held, the decode row bucket), and its figure.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-# ``jaxlab bench --trace``'s recorded run (``benchmarks/results-trace-cpu.json``, 2026-12-01, 2-core Intel Xeon,
-# float32). The wheel carries data/ but not benchmarks/, so the ratios notebook 11 needs are copied here;
-# tests/lab/test_batching.py keeps them equal to the file.
+# ``jaxlab bench --trace``'s recorded run (``benchmarks/results-trace-cpu.json``, 2026-12-05, 2-core AMD EPYC,
+# float32, admission by memory, offered load 4x static's). The wheel carries data/ but not benchmarks/, so the
+# ratios notebook 11 needs are copied here; tests/lab/test_batching.py keeps them equal to the file.
 STORED_TRACE = {
-    "label": "stored run: Intel(R) Xeon(R) Processor, 2 CPUs, 2026-12-01 22:52 UTC",
+    "label": "stored run: AMD EPYC, 2 CPUs, 2026-12-05 14:04 UTC",
     "requests": 64,
     "max_batch": 8,
-    "throughput_ratio": 2.1099379756377368,
-    "ttft_p99_s": {"static": 238.24850214752178, "continuous": 3.213290746316491},
-    "prefix": {"requests": 32, "system_tokens": 400, "slots": 8, "ttft_ratio": 2.9252803685155344},
+    "throughput_ratio": 2.7006035728120774,
+    "ttft_p99_s": {"static": 194.95933249609018, "continuous": 7.011542025662546},
+    "prefix": {"requests": 32, "system_tokens": 400, "slots": 8, "ttft_ratio": 4.89425864348567},
 }
 
 
@@ -129,14 +131,16 @@ def plot_pool(engine, title: str = "the page pool"):
     return fig, "\n".join(lines)
 
 
-def serve_both(params, tokenizer, trace: Sequence[dict], max_batch: int, load: float = 2.0, log=None) -> dict:
-    """A trace (``{"arrival", "prompt_len", "new_tokens"}`` each) through static batching and the continuous
-    engine, at ``load`` x static's throughput on a warm-up slice (:func:`jaxlab.bench.trace.serve_trace`)."""
+def serve_both(
+    params, tokenizer, trace: Sequence[dict], max_batch: int, max_running: int, load: float = 4.0, log=None
+) -> dict:
+    """A trace (``{"arrival", "prompt_len", "new_tokens"}`` each) through static batches of ``max_batch`` and the
+    continuous engine (the same KV memory, up to ``max_running`` admitted by memory, decode calls of ``max_batch``
+    rows), at ``load`` x static's throughput on a warm-up slice (:func:`jaxlab.bench.trace.serve_trace`)."""
     from jaxlab.bench.trace import serve_trace
 
-    return serve_trace(
-        params, tokenizer, trace=list(trace), max_batch=max_batch, load=load, log=log or (lambda _m: None)
-    )
+    shape = {"max_batch": max_batch, "load": load, "rows": max_batch, "max_running": max_running}
+    return serve_trace(params, tokenizer, list(trace), dict(shape, decode_buckets=False), log or (lambda _m: None))
 
 
 def plot_serving(res: dict):
@@ -171,5 +175,53 @@ def plot_prefix_reuse(ttft: dict):
     ax.set_ylabel("requests served")
     ax.set_title("Prefix reuse: requests that share a system prompt", fontsize=10)
     ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def run_arrivals(engine, requests: Sequence[tuple]) -> tuple[dict, list[dict]]:
+    """``requests``: (arrival step, prompt ids, new tokens, sampling, seed) each, run through ``engine`` (EOS
+    ignored) -> (their streams by seed, the engine's state after each step: running, waiting, pages held, the row
+    bucket of the step's last decode call (0 when it decoded nothing) and the preemptions so far)."""
+    streams, history, step = {}, [], 0
+    pending = sorted(requests, key=lambda r: r[0])
+    while pending or engine.has_work:
+        while pending and pending[0][0] <= step:
+            _, ids, n, sp, seed = pending.pop(0)
+            streams[seed] = engine.add_request(ids, sp, max_new_tokens=n, seed=seed, ignore_eos=True)
+        calls = sum(engine.bucket_steps.values())
+        engine.step()
+        sched = engine.scheduler
+        history.append(
+            {
+                "step": step,
+                "running": len(sched.running),
+                "waiting": len(sched.waiting),
+                "pages": engine.pool.used,
+                "bucket": engine.last_bucket if sum(engine.bucket_steps.values()) > calls else 0,
+                "preemptions": sched.preemptions,
+            }
+        )
+        step += 1
+    return streams, history
+
+
+def plot_engine_state(histories: dict, pool_pages: int):
+    """``{label: run_arrivals' history}``: requests running and waiting, KV pages held (against the pool) and the
+    decode row bucket, step by step, one line per label; returns the figure."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3))
+    for (label, hist), colour in zip(histories.items(), ("tab:grey", "tab:blue", "tab:orange")):
+        steps = [h["step"] for h in hist]
+        axes[0].step(steps, [h["running"] for h in hist], where="post", color=colour, label=f"{label}: running")
+        axes[0].step(steps, [h["waiting"] for h in hist], where="post", color=colour, ls=":", label=f"{label}: waiting")
+        axes[1].step(steps, [h["pages"] for h in hist], where="post", color=colour, label=label)
+        axes[2].step(steps, [h["bucket"] for h in hist], where="post", color=colour, label=label)
+    axes[1].axhline(pool_pages, color="k", lw=0.8, ls="--", label="pool")
+    for ax, title in zip(axes, ("requests", "KV pages held", "decode rows (bucket)")):
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("engine step")
+        ax.legend(fontsize=7)
     fig.tight_layout()
     return fig

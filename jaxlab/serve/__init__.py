@@ -21,7 +21,35 @@ import time
 from jaxlab.serve.app import ServeOptions, build_app, served_name
 from jaxlab.serve.background import BackgroundServer
 
-__all__ = ["BackgroundServer", "ServeOptions", "build_app", "serve", "served_name"]
+__all__ = ["BackgroundServer", "ServeOptions", "build_app", "engine_for", "serve", "served_name"]
+
+
+def engine_for(params, tokenizer, options: ServeOptions, cache_dtype=None):
+    """The continuous-batching engine ``jaxlab serve`` runs: decode calls of at most ``--max-batch`` rows in row
+    buckets, up to ``--max-running`` requests at once, admitted by the KV memory: ``--kv-tokens`` positions, or
+    ``--kv-memory`` of the memory free now (:func:`jaxlab.tools.hardware.free_memory_bytes`), or by default
+    ``--max-batch`` x ``--context`` (the pool a fixed-slot server had)."""
+    from jaxlab.engine.continuous import Engine
+    from jaxlab.errors import JaxlabError
+    from jaxlab.tools import hardware
+
+    context = min(options.context, params.config.max_seq_len)
+    budget = {"kv_tokens": options.kv_tokens or options.slots * context}
+    if options.kv_memory is not None:
+        free = hardware.free_memory_bytes()
+        if free is None:
+            raise JaxlabError("--kv-memory: this machine does not say how much memory is free; give --kv-tokens")
+        budget = {"kv_bytes": int(free * options.kv_memory)}
+    return Engine(
+        params,
+        tokenizer,
+        slots=options.slots,
+        max_running=options.max_running,
+        context=context,
+        cache_dtype=cache_dtype,
+        decode_buckets=True,
+        **budget,
+    )
 
 
 def serve(engine, options: ServeOptions, host: str | None = None, port: int | None = None, log=None) -> int:
@@ -65,7 +93,8 @@ def serve(engine, options: ServeOptions, host: str | None = None, port: int | No
             if self.started:
                 log(
                     f"jaxlab serve: listening on http://{host}:{port} — model {options.model_name}, "
-                    f"{engine.slots} slots, context {engine.context}; chat page at /"
+                    f"up to {engine.max_running} requests in {engine.pool.capacity * engine.page_size} KV positions, "
+                    f"decode calls of up to {engine.slots} rows, context {engine.context}; chat page at /"
                 )
 
     # proxy_headers off: X-Forwarded-For from loopback would name any client the sender likes (the rate limit is

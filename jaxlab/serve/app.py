@@ -52,7 +52,10 @@ class ServeOptions:
     max_body_bytes: int = 1 << 20
     request_timeout: float = 600.0
     grace_seconds: float = 10.0  # after SIGTERM: in-flight requests may finish for this long
-    slots: int = 8  # --max-batch: sequences decoded together
+    slots: int = 8  # --max-batch: rows of one decode call (its largest row bucket)
+    max_running: int = 64  # --max-running: requests that may run at once, if the KV memory holds them
+    kv_tokens: int | None = None  # --kv-tokens: the KV budget in positions (default: --max-batch x --context)
+    kv_memory: float | None = None  # --kv-memory: the KV budget as a fraction of the memory free at start
     context: int = 2048  # positions per request (the model's own context caps it)
     host: str = "127.0.0.1"
     port: int = 8000
@@ -65,12 +68,21 @@ class ServeOptions:
     def __post_init__(self):
         for flag, value in (
             ("--max-batch", self.slots),
+            ("--max-running", self.max_running),
             ("--context", self.context),
             ("--max-body-bytes", self.max_body_bytes),
             ("--max-queue", self.max_queue),
         ):
             if value < 1:
                 raise InvalidRequestError(f"{flag} must be >= 1, got {value}")
+        if self.kv_tokens is not None and self.kv_memory is not None:
+            raise InvalidRequestError("give the KV budget once: --kv-tokens or --kv-memory, not both")
+        if self.kv_tokens is not None and self.kv_tokens < self.context:
+            raise InvalidRequestError(
+                f"--kv-tokens {self.kv_tokens} cannot hold one request of --context {self.context}: give at least that"
+            )
+        if self.kv_memory is not None and not 0 < self.kv_memory < 1:
+            raise InvalidRequestError(f"--kv-memory is a fraction of the free memory in (0, 1), got {self.kv_memory}")
         if not 0 < self.port < 65536:
             raise InvalidRequestError(f"--port must be in 1..65535, got {self.port}")
         if not self.body_timeout > 0:

@@ -1,8 +1,9 @@
 """The server's Prometheus metrics (``GET /metrics``), in a registry of the server's own.
 
-Counters of requests (by endpoint and status) and tokens; gauges of the queue, the running requests and the
-batch occupancy (running ÷ slots) after each engine step; histograms of time to first token and time per
-output token of each finished request.
+Counters of requests (by endpoint and status) and tokens; gauges, after each engine step, of the queue, the
+running requests and the occupancy (running ÷ the most that may run), the KV pages held and the pool's size (the
+engine admits by memory: these say why a request waits), and the row bucket of the last decode call; histograms
+of time to first token and time per output token of each finished request.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 class Metrics:
     def __init__(self, engine):
-        self.slots = engine.slots
+        self.max_running = engine.max_running
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
             "jaxlab_requests", "HTTP generation requests answered", ["endpoint", "status"], registry=r
@@ -26,8 +27,14 @@ class Metrics:
         self.generation_tokens = Counter("jaxlab_generation_tokens", "tokens generated", registry=r)
         self.queue = Gauge("jaxlab_queue_length", "requests waiting for a slot", registry=r)
         self.running = Gauge("jaxlab_running_requests", "requests holding a slot", registry=r)
-        self.occupancy = Gauge("jaxlab_batch_occupancy", "running requests / slots, after the last step", registry=r)
+        self.occupancy = Gauge(
+            "jaxlab_batch_occupancy", "running requests / the most that may run (--max-running)", registry=r
+        )
         self.kv_use = Gauge("jaxlab_kv_pages_used", "KV-cache pages held / pool pages", registry=r)
+        self.pages_held = Gauge("jaxlab_kv_pages_held", "KV-cache pages held by running requests", registry=r)
+        self.pages_total = Gauge("jaxlab_kv_pages_total", "KV-cache pages in the pool (--kv-tokens)", registry=r)
+        self.pages_total.set(engine.pool.capacity)
+        self.bucket = Gauge("jaxlab_decode_bucket_rows", "rows of the last decode call (its row bucket)", registry=r)
         self.steps = Counter("jaxlab_engine_steps", "engine steps run", registry=r)
         self.ttft = Histogram(
             "jaxlab_time_to_first_token_seconds", "submit to first token", buckets=TTFT_BUCKETS, registry=r
@@ -51,8 +58,11 @@ class Metrics:
         sched = engine.scheduler
         self.queue.set(len(sched.waiting))
         self.running.set(len(sched.running))
-        self.occupancy.set(len(sched.running) / self.slots)
+        self.occupancy.set(len(sched.running) / self.max_running)
         self.kv_use.set(engine.pool.used / max(1, engine.pool.capacity))
+        self.pages_held.set(engine.pool.used)
+        if engine.last_bucket is not None:
+            self.bucket.set(engine.last_bucket)
 
     def finished(self, pending, reason: str) -> None:  # on the engine's thread
         self.finished_by.labels(reason).inc()

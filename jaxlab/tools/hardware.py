@@ -420,3 +420,26 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def free_memory_bytes(device=None) -> int | None:
+    """Memory a KV pool may take on ``device`` (default: jax's first device): an accelerator's limit less what
+    is in use (``memory_stats``), the host's available memory (/proc/meminfo's MemAvailable) for the CPU; None
+    when neither says."""
+    import jax
+
+    device = device or jax.devices()[0]
+    stats = device.memory_stats() if device.platform != "cpu" else None
+    if stats and "bytes_limit" in stats:
+        return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None

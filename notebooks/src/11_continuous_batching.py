@@ -18,6 +18,7 @@
 # - Check *batch invariance*: a request's tokens do not depend on which requests run beside it.
 # - Measure throughput and time to first token for both policies on a trace of arriving requests.
 # - Explain prefix reuse: why a shared system prompt is computed once.
+# - Size an engine by memory: admit requests while their pages fit, and decode them in row buckets.
 #
 # Links: [vLLM / PagedAttention paper](https://arxiv.org/abs/2309.06180) ·
 # [Orca (iteration-level scheduling)](https://www.usenix.org/conference/osdi22/presentation/yu) ·
@@ -165,16 +166,11 @@ for i in range(4):
     sp = SamplingParams()  # greedy here; tests/engine/test_continuous.py mixes in sampled requests
     crowd.append((int(rng.integers(0, 3)), chat(text), int(rng.integers(4, 9)), sp, i))
 
-# 4 slots but 5 pages of 16 positions: four requests of ~40 positions do not fit, so some are preempted
-small = Engine(m.params, tok, slots=4, page_size=16, chunk=64, context=256, num_pages=1 + 5)
+# 4 slots but 5 pages of 16 positions: four requests of ~40 positions do not fit, so some are preempted.
+# watermark=None: admit whenever a slot is free, whatever the memory (section 6 admits by memory)
+small = Engine(m.params, tok, slots=4, page_size=16, chunk=64, context=256, num_pages=1 + 5, watermark=None)
 small.warmup()
-streams, step, pending = {}, 0, sorted(crowd, key=lambda r: r[0])
-while pending or small.has_work:
-    while pending and pending[0][0] <= step:
-        _, ids, n, sp, i = pending.pop(0)
-        streams[i] = small.add_request(ids, sp, max_new_tokens=n, seed=i, ignore_eos=True)
-    small.step()
-    step += 1
+streams, by_slots = batching.run_arrivals(small, crowd)  # -> streams by seed, the engine's state at each step
 alone = []
 for _, ids, n, sp, i in crowd:
     one = small.add_request(ids, sp, max_new_tokens=n, seed=i, ignore_eos=True)
@@ -194,18 +190,20 @@ _ = check("the crowd preempted at least one request", small.scheduler.preemption
 #
 # A reduced trace (the full one, 64 requests, is `jaxlab bench --trace`): requests arrive at random
 # (Poisson), prompts and outputs long-tailed, EOS ignored so both systems do the same work, arrivals
-# scaled so the offered load is twice what static batching sustained on a warm-up slice. Static = today's
-# `Generator` taking up to 4 waiting requests whenever it is idle; continuous = the engine with 4 slots and
-# the same KV memory. **Predict first:** which wins on time to first token, and by how much on throughput?
+# scaled so the offered load is four times what static batching sustained on a warm-up slice (a system cannot
+# serve more than it is offered). Static = today's `Generator` taking up to 4 waiting requests whenever it is
+# idle; continuous = the engine with the same KV memory, admitting up to 8 requests while their pages fit
+# (section 6) and decoding them 4 rows at a time. **Predict first:** which wins on time to first token, and by
+# how much on throughput?
 #
 # The claim is judged in two settings: this reduced trace, measured here, and the full trace's recorded run
-# (64 requests, outputs of 8 to 256 tokens, 8 slots; `benchmarks/results-trace-cpu.json`).
+# (64 requests, outputs of 8 to 256 tokens, static batches of 8; `benchmarks/results-trace-cpu.json`).
 
 # %% tags=["nbval-ignore-output"]
 from jaxlab.bench.trace import make_trace
 
 trace = make_trace(seed=1, n=6, prompt=(8, 30), output=(4, 20))
-served = batching.serve_both(m.params, tok, trace, max_batch=4)
+served = batching.serve_both(m.params, tok, trace, max_batch=4, max_running=8)
 table(
     [
         {
@@ -266,9 +264,10 @@ import time
 
 sys_prompt = "You are a careful assistant. Answer briefly and precisely, in plain words. " * 9
 asks = [chat(f"Question {i}: name a colour.", sys_prompt) for i in range(8)]
-ttft, outs = {}, {}
+ttft, outs, shared = {}, {}, None
 for reuse in (False, True):
     eng = Engine(m.params, tok, slots=4, context=256, prefix_reuse=reuse)
+    eng.programs = shared = shared or eng.programs  # both engines run the same shapes: compile them once
     eng.warmup()
     t0 = time.perf_counter()
     ss = [eng.add_request(p, max_new_tokens=4, ignore_eos=True) for p in asks]
@@ -284,7 +283,7 @@ _ = verdict(
     "prefix_reuse_ttft",
     {
         "8 requests, ~150-token prompt, 4 slots (here)": gain,
-        f"{pre['requests']} requests, {pre['system_tokens']}-token prompt, {pre['slots']} slots (stored run)": pre[
+        f"{pre['requests']} requests, {pre['system_tokens']}-token prompt, KV for {pre['slots']} (stored run)": pre[
             "ttft_ratio"
         ],
     },
@@ -295,6 +294,63 @@ _ = verdict(
 # %%
 _ = check("prefix reuse gives the same tokens", outs[True] == outs[False], "8 requests")
 
+# %% [markdown]
+# ## 6 · Sizing the engine by memory and load
+#
+# So far an engine ran at most `slots` requests, and a pool too small for them preempted (section 3). A server
+# does better by looking at its memory: `jaxlab serve` **admits by memory**: the request at the head of the queue
+# starts only if the free pages, less what the running requests still need for their prompts, hold its prompt
+# and leave a *watermark* free for growth (1 % of the pool, vLLM's default), up to `--max-running` requests
+# (default 64) in `--kv-tokens` positions of KV memory (or `--kv-memory`, a fraction of the free memory). Nothing
+# overtakes the head of the queue, so no request starves; preemption stays, for growth the watermark did not
+# cover.
+#
+# And it decodes in **row buckets**: a step runs the running requests in the smallest compiled row count that
+# holds them (1, 2, 4, 8, ... up to `slots`), so one client does not pay for 32 rows. On XLA:CPU a row's last
+# bits depend on how many rows its matmul has (1, 2-5, 8-32 and 64 rows compute differently here,
+# `benchmarks/NOTES.md`), which would make a request's tokens depend on its neighbours; so warm-up probes each
+# bucket with one row and keeps only those whose row equals the full step's bit for bit.
+#
+# **Predict first:** the crowd of section 3 again, in the same 5 pages, admitted by memory: more preemptions or
+# fewer? More steps or fewer?
+
+# %% tags=["nbval-ignore-output"]
+by_memory = Engine(m.params, tok, slots=4, page_size=16, chunk=64, context=256, num_pages=1 + 5, decode_buckets=True)
+by_memory.programs = small.programs  # the same shapes: only the smaller buckets' programs are new
+by_memory.warmup()
+kept = by_memory.row_buckets
+print(f"row buckets probed {sorted(by_memory.bucket_probe)}, kept {list(kept)}")
+streams_mem, by_mem = batching.run_arrivals(by_memory, crowd)
+fig = batching.plot_engine_state({"by slots": by_slots, "by memory": by_mem}, pool_pages=small.pool.capacity)
+plt.show()
+_ = table(
+    [
+        {"admission": "slots only", "steps": len(by_slots), "preemptions": by_slots[-1]["preemptions"]},
+        {"admission": "by memory", "steps": len(by_mem), "preemptions": by_mem[-1]["preemptions"]},
+    ],
+    title="the same 4 requests in 5 pages",
+)
+
+# %%
+same = all(streams_mem[i].token_ids == streams[i].token_ids for *_, i in crowd)
+_ = check("admitted by memory, in row buckets: every request's tokens as before", same, f"{len(crowd)} requests")
+_ = check(
+    "admission by memory preempted no more than admission by slots",
+    by_mem[-1]["preemptions"] <= by_slots[-1]["preemptions"],
+)
+_ = check("the full-size bucket is kept (it is the reference)", by_memory.slots in kept)
+
+
+# %% [markdown]
+# Read the table with the figure: admitted whenever a slot is free, the four requests start together, outgrow
+# the 5 pages and are preempted and recomputed again and again; admitted by memory, they run about one at a
+# time and nothing is computed twice. Here that costs steps (a pool this small holds one request); with memory
+# for several, as in `jaxlab bench --trace` (8,192 positions), admission by memory ran up to 36 requests at once
+# with no preemption (the stored run, `benchmarks/results-trace-cpu.json`). The right panel is the decode bucket in use: with fewer requests running, the step runs
+# fewer rows (when the probe kept that bucket). `/metrics` of `jaxlab serve` shows the same four numbers live
+# (`jaxlab_running_requests`, `jaxlab_queue_length`, `jaxlab_kv_pages_held` of `jaxlab_kv_pages_total`,
+# `jaxlab_decode_bucket_rows`), and `jaxlab bench --trace` measures admission by memory on the 64-request trace
+# (KV use, the share of the memory holding tokens while requests wait).
 
 # %% [markdown]
 # ## Summary
@@ -306,8 +362,10 @@ _ = check("prefix reuse gives the same tokens", outs[True] == outs[False], "8 re
 #   width x chunk), so nothing compiles after warm-up.
 # - A request's tokens do not depend on its neighbours (batch invariance), even across preemption.
 # - **Prefix reuse** computes a shared system prompt once.
-# - Measured, not assumed: the throughput gain over static batching grows with the trace (short here, about 2x on
-#   the recorded 64-request trace), the p99 time to first token falls, and prefix reuse gives the same tokens
+# - An engine **sized by memory** admits a request when its pages fit (with a watermark for growth) instead of
+#   when a slot is free, and decodes in the smallest batch-invariant **row bucket** that holds the running rows.
+# - Measured, not assumed: the throughput gain over static batching grows with the trace (short here, about 2.7x
+#   on the recorded 64-request trace), the p99 time to first token falls, and prefix reuse gives the same tokens
 #   sooner: it shortens the prefill part of the wait, not the wait for a free slot.
 #
 # The engine behind all this is `jaxlab.engine.continuous.Engine`; `jaxlab generate` and `jaxlab chat` run on

@@ -38,7 +38,7 @@ def test_targets_pass_and_miss_on_hand_made_numbers():
     prefix = {"ttft_ratio": 4.0, "identical": True}
     got = {
         t["key"]: t["status"]
-        for t in trace.trace_targets({"serving": serving(2.5, 9.0, 3.0, 0.85), "steps": steps, "prefix": prefix})
+        for t in trace.trace_targets({"serving": serving(3.2, 9.0, 3.0, 0.85), "steps": steps, "prefix": prefix})
     }
     assert got == {
         "throughput": "PASS",
@@ -49,7 +49,7 @@ def test_targets_pass_and_miss_on_hand_made_numbers():
         "prefix_ttft": "PASS",
     }
     bad = trace.trace_targets(
-        {"serving": serving(1.5, 3.0, 9.0, 0.2), "steps": [], "prefix": {"ttft_ratio": 5.0, "identical": False}}
+        {"serving": serving(2.9, 3.0, 9.0, 0.2), "steps": [], "prefix": {"ttft_ratio": 5.0, "identical": False}}
     )
     assert [t["status"] for t in bad] == ["MISS", "MISS", "MISS", "MISS"]  # identical tokens are part of the target
 
@@ -73,6 +73,9 @@ def test_quick_trace_run(tmp_path, small):
     for name in ("static", "continuous"):
         assert s[name]["output_tokens"] == sum(r["new_tokens"] for r in trace.load_trace(quick=True))
         assert s[name]["throughput"] > 0 and s[name]["ttft_s"]["p50"] >= 0
+    # admission by memory: more ran at once than static's batch, decoded in the kept row buckets
+    assert trace.QUICK_TRACE["max_batch"] < s["most_running"] <= trace.QUICK_TRACE["max_running"]
+    assert s["bucket_calls"] and {int(b) for b in s["bucket_calls"]} <= set(s["row_buckets"])
     assert [(r["batch"], r["context"]) for r in res["steps"]] == [(1, 256)]
     assert (
         res["prefix"]["identical"] and res["prefix"]["on"]["reused_pages"] > 0 == res["prefix"]["off"]["reused_pages"]

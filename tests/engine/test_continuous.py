@@ -86,6 +86,35 @@ def test_batch_invariance_under_random_arrivals_and_preemptions(tiny_params, see
     assert eng.pool.free_count == eng.pool.capacity
 
 
+def test_more_running_than_rows_decode_in_several_calls_with_the_same_tokens(tiny_params):
+    """``max_running`` above ``slots``: six requests run at once in a 3-row engine, each step decoding them in
+    calls of at most 3 rows, admitted by memory (``kv_tokens``); every request's tokens equal its tokens alone."""
+    mix = random_mix(random.Random(3), 6)
+    eng = tiny_engine(tiny_params, ALONE_PROGRAMS, max_running=6, kv_tokens=6 * 64, token_budget=6 + 48)
+    assert eng.pool.capacity == 6 * 64 // 4 and eng.scheduler.max_running == 6
+    streams = {i: eng.add_request(prompt, sp, max_new_tokens=n, seed=i, ignore_eos=True) for _, prompt, n, sp, i in mix}
+    most, calls = 0, 0
+    while eng.has_work:
+        before = sum(eng.bucket_steps.values())
+        eng.step()
+        most, calls = max(most, len(eng.scheduler.running)), max(calls, sum(eng.bucket_steps.values()) - before)
+    assert most > 3 and calls == 2  # up to six running: two decode calls of at most 3 rows in a step
+    for _, prompt, n, sp, i in mix:
+        assert streams[i].token_ids == alone(tiny_params, prompt, n, sp, seed=i), f"request {i}"
+
+
+def test_the_kv_budget_is_given_once_in_tokens_or_bytes(tiny_params):
+    from jaxlab.engine.paged import paged_cache_bytes
+
+    cfg = tiny_params.config
+    by_bytes = tiny_engine(tiny_params, kv_bytes=paged_cache_bytes(cfg, 1 + 40, 4))
+    assert by_bytes.pool.capacity == 40
+    with pytest.raises(InvalidRequestError, match="give the KV budget once"):
+        tiny_engine(tiny_params, kv_tokens=256, num_pages=65)
+    with pytest.raises(InvalidRequestError, match="fewer than one request's context"):
+        tiny_engine(tiny_params, kv_bytes=paged_cache_bytes(cfg, 1 + 8, 4))
+
+
 def test_prefix_reuse_gives_the_same_tokens_and_computes_less(tiny_params):
     system = [1] + list(range(50, 70))  # 21 tokens: 5 full pages of 4
     prompts = [system + [200 + i, 201 + i] for i in range(4)]

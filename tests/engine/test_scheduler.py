@@ -13,9 +13,10 @@ from jaxlab.engine.scheduler import Scheduler
 from jaxlab.errors import InvalidRequestError
 
 
-def make(slots=2, pages=9, page_size=4, chunk=8, budget=None, max_len=64, reuse=True):
+def make(slots=2, pages=9, page_size=4, chunk=8, budget=None, max_len=64, reuse=True, watermark=None):
     pool = PagePool(pages, page_size)
-    return Scheduler(slots, pool, chunk, budget or slots + chunk, max_len, prefix_reuse=reuse), pool
+    sched = Scheduler(slots, pool, chunk, budget or slots + chunk, max_len, prefix_reuse=reuse, watermark=watermark)
+    return sched, pool
 
 
 def run_step(sched, new_token=7):
@@ -187,3 +188,48 @@ def test_a_burst_with_one_prefix_computes_it_once():
     assert [c for c in computed_chunks if c[0] == "s0"] == [("s0", 0, 8), ("s0", 8, 16), ("s0", 16, 18)]
     assert all(c[1] >= 16 for c in computed_chunks if c[0] != "s0")  # the others computed only their own tail
     assert seqs[1].reused == seqs[2].reused == 16 and pool.reused_pages == 8
+
+
+def test_admission_by_memory_waits_for_pages_and_keeps_the_watermark():
+    """With a watermark, the head of the queue starts only if the free pages, less what the running sequences
+    still need for their prompts, hold its prompt and leave the watermark free; nothing overtakes it; a request
+    alone always starts; slots (max_running) still bound it."""
+    sched, pool = make(slots=8, pages=1 + 10, page_size=4, chunk=8, budget=8 + 16, reuse=False, watermark=0.2)
+    assert sched.watermark == 2  # pages: ceil(0.2 x 10)
+    a = sched.add("a", [1] * 16, 4)  # 4 prompt pages
+    b = sched.add("b", [2] * 16, 4)  # 4 more: 10 free - 4 reserved for a - 4 = 2 >= 2, starts
+    c = sched.add("c", [3] * 4, 4)  # 1 page: 10 - 8 - 1 = 1 < 2, waits
+    d = sched.add("d", [4], 2)  # would fit, but c is ahead of it
+    sched.schedule()
+    assert sched.running == [a, b] and list(sched.waiting) == [c, d]
+    while not a.done:  # a finishes: its 5 pages come back, c and d start
+        run_step(sched)
+    run_step(sched)
+    assert c in sched.running and d in sched.running
+    check_pool(sched, pool)
+    big, _ = make(slots=2, pages=1 + 5, page_size=4, chunk=8, watermark=0.5)
+    alone = big.add("alone", [1] * 16, 4)  # 4 pages + a watermark of 3 do not fit 5, but nothing else runs
+    big.schedule()
+    assert big.running == [alone]
+    slots, _ = make(slots=1, pages=40, watermark=0.01)
+    x, y = slots.add("x", [1], 2), slots.add("y", [1], 2)
+    slots.schedule()
+    assert slots.running == [x] and list(slots.waiting) == [y]
+
+
+def test_admission_by_memory_counts_a_preempted_sequences_tokens_and_shared_prefix_pages():
+    """A preempted sequence needs pages for its prompt and the tokens it generated (fed again); prompt pages a
+    running request holds are read, not taken from the free list, so they do not count against memory."""
+    sched, pool = make(slots=4, pages=1 + 12, page_size=4, chunk=8, budget=4 + 16, watermark=0.0)
+    system = list(range(10, 26))  # 16 tokens: 4 full pages
+    a = sched.add("a", system + [1, 2], 6)
+    while a.prefilling:
+        run_step(sched)
+    assert pool.held_prefix(a.hashes) == 4
+    b = sched.add("b", system + [3, 4], 6)  # 5 prompt pages, 4 of them held by a: needs 1 of the 7 free
+    assert sched.pages_to_resume(b) == 5
+    sched.schedule()
+    assert b in sched.running and b.reused == 16
+    sched.preempt(b)
+    b.generated = [7, 7, 7]  # as if it had generated 3 tokens: 18 + 3 positions = 6 pages to take again
+    assert sched.pages_to_resume(b) == 6

@@ -47,6 +47,36 @@ def test_figures():
     assert fig.axes[0].get_title() and fig.axes[0].get_xlabel()
 
 
+def test_run_arrivals_records_what_metrics_show(tiny_engine_params):
+    from jaxlab.engine.continuous import Engine
+    from jaxlab.engine.sampling import SamplingParams
+
+    eng = Engine(tiny_engine_params, slots=4, page_size=4, chunk=8, context=64, num_pages=1 + 6, watermark=None)
+    reqs = [
+        (0, [1, 5, 9, 7, 3], 6, SamplingParams(), 0),
+        (0, [1, 8] * 6, 6, SamplingParams(), 1),
+        (2, [1, 2], 3, SamplingParams(), 2),
+    ]
+    streams, hist = batching.run_arrivals(eng, reqs)
+    assert sorted(streams) == [0, 1, 2] and all(
+        len(s.token_ids) == n for (_, _, n, _, i), s in zip(reqs, streams.values())
+    )
+    assert [h["step"] for h in hist] == list(range(len(hist))) and hist[-1]["running"] == hist[-1]["waiting"] == 0
+    assert max(h["pages"] for h in hist) <= 6 and hist[-1]["pages"] == 0
+    assert {h["bucket"] for h in hist} <= {0, 4} and 4 in {h["bucket"] for h in hist}
+    assert hist[-1]["preemptions"] == eng.scheduler.preemptions
+    fig = batching.plot_engine_state({"by slots": hist}, pool_pages=6)
+    assert [a.get_title() for a in fig.axes] == ["requests", "KV pages held", "decode rows (bucket)"]
+
+
+@pytest.fixture(scope="module")
+def tiny_engine_params():
+    from jaxlab.engine.model import init_params
+    from jaxlab.io.config import tiny
+
+    return init_params(tiny(), 7)
+
+
 def test_stored_trace_equals_the_recorded_bench_run():
     import json
     from pathlib import Path

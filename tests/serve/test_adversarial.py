@@ -46,7 +46,8 @@ class Stream:
 class InstantEngine:
     """Finishes every request in one step with one token (a logprob, and alternatives when asked)."""
 
-    slots, context, page_size = 4, CONTEXT, 16
+    slots, max_running, context, page_size = 4, 4, CONTEXT, 16
+    last_bucket = None  # the row bucket of the last decode call (none run)
     tokenizer = Tokenizer()
     config = SimpleNamespace(vocab_size=VOCAB)
 

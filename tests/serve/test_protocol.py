@@ -233,6 +233,10 @@ def test_prompts_are_built_as_on_the_command_line():
         (dict(max_body_bytes=-1), "--max-body-bytes must be >= 1, got -1"),
         (dict(port=70000), "--port must be in 1..65535, got 70000"),
         (dict(rate_limit=0), "--rate-limit must be > 0 requests per minute, got 0"),
+        (dict(max_running=0), "--max-running must be >= 1, got 0"),
+        (dict(kv_tokens=100, context=256), "--kv-tokens 100 cannot hold one request of --context 256"),
+        (dict(kv_tokens=4096, kv_memory=0.5), "give the KV budget once: --kv-tokens or --kv-memory"),
+        (dict(kv_memory=1.5), "--kv-memory is a fraction of the free memory in (0, 1), got 1.5"),
     ],
 )
 def test_serve_options_name_the_flag(kwargs, match):

@@ -343,6 +343,11 @@ def test_metrics_are_prometheus_text(live, client):
         "jaxlab_time_per_output_token_seconds_count",
     ):
         assert name in text, name
+    engine = live[1].engine
+    # what admission by memory reads: the pool's pages, and the row bucket the last decode call ran in
+    assert gauge(text, "jaxlab_kv_pages_total") == engine.pool.capacity
+    assert gauge(text, "jaxlab_decode_bucket_rows") == engine.last_bucket
+    assert engine.last_bucket in engine.row_buckets
 
 
 def test_a_full_queue_is_a_503_and_a_slow_body_a_408(live):

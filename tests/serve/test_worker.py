@@ -110,3 +110,26 @@ def test_an_abort_updates_the_gauges_without_waiting_for_a_step():
     delta, engine = asyncio.run(main())
     assert (delta.finished, delta.reason) == (True, "abort") and engine.aborted == ["a"]
     assert changes and all(c is engine for c in changes)  # the metrics' gauges were refreshed with no step run
+
+
+def test_the_serving_engine_is_sized_by_its_kv_flags():
+    """``jaxlab serve``'s engine: up to --max-running requests, decode calls of --max-batch rows, and a KV pool of
+    --kv-tokens positions, of --kv-memory of the free memory, or by default --max-batch x --context."""
+    from jaxlab.engine.model import init_params
+    from jaxlab.engine.paged import paged_cache_bytes
+    from jaxlab.io.config import tiny
+    from jaxlab.serve import ServeOptions, engine_for
+    from jaxlab.tools import hardware
+
+    params = init_params(tiny(), 0)
+    cfg, ctx = params.config, min(64, params.config.max_seq_len)
+    default = engine_for(params, None, ServeOptions(slots=4, max_running=12, context=ctx))
+    assert (default.slots, default.max_running, default.decode_buckets) == (4, 12, True)
+    assert default.pool.capacity * default.page_size == 4 * ctx
+    given = engine_for(params, None, ServeOptions(slots=4, context=ctx, kv_tokens=10 * ctx))
+    assert given.pool.capacity * given.page_size == 10 * ctx
+    fraction = 1e-4
+    by_memory = engine_for(params, None, ServeOptions(slots=4, context=ctx, kv_memory=fraction))
+    page = paged_cache_bytes(cfg, 1, by_memory.page_size, by_memory.cache_dtype)
+    want = int(hardware.free_memory_bytes() * fraction) // page - 1
+    assert abs(by_memory.pool.capacity - want) <= max(2, want // 50)  # the free memory moves a little between reads

@@ -150,3 +150,18 @@ def test_backend_started_is_true_once_jax_runs():
 
     jax.devices()
     assert hw.backend_started()
+
+
+def test_free_memory_is_what_the_host_says_is_available(monkeypatch):
+    free = hw.free_memory_bytes()
+    with open("/proc/meminfo") as f:
+        available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    assert free is not None and 0 < free and abs(free - available) < available * 0.2  # read a moment apart
+
+    class Accelerator:  # an accelerator says its limit and what is in use
+        platform = "gpu"
+
+        def memory_stats(self):
+            return {"bytes_limit": 80 << 30, "bytes_in_use": 3 << 30}
+
+    assert hw.free_memory_bytes(Accelerator()) == 77 << 30
