@@ -36,6 +36,11 @@ class Metrics:
         self.pages_total.set(engine.pool.capacity)
         self.bucket = Gauge("jaxlab_decode_bucket_rows", "rows of the last decode call (its row bucket)", registry=r)
         self.steps = Counter("jaxlab_engine_steps", "engine steps run", registry=r)
+        self.preemptions = Counter(
+            "jaxlab_preemptions", "requests preempted for pages (recomputed later; if it climbs, lower --max-running "
+            "or give more --kv-tokens)", registry=r,
+        )  # fmt: skip
+        self.preempted = 0
         self.ttft = Histogram(
             "jaxlab_time_to_first_token_seconds", "submit to first token", buckets=TTFT_BUCKETS, registry=r
         )
@@ -61,6 +66,9 @@ class Metrics:
         self.occupancy.set(len(sched.running) / self.max_running)
         self.kv_use.set(engine.pool.used / max(1, engine.pool.capacity))
         self.pages_held.set(engine.pool.used)
+        if sched.preemptions > self.preempted:
+            self.preemptions.inc(sched.preemptions - self.preempted)
+            self.preempted = sched.preemptions
         if engine.last_bucket is not None:
             self.bucket.set(engine.last_bucket)
 

@@ -339,6 +339,8 @@ def test_metrics_are_prometheus_text(live, client):
         "jaxlab_generation_tokens_total",
         "jaxlab_queue_length",
         "jaxlab_batch_occupancy",
+        "jaxlab_preemptions_total",
+        "jaxlab_kv_pages_held",
         "jaxlab_time_to_first_token_seconds_bucket",
         "jaxlab_time_per_output_token_seconds_count",
     ):

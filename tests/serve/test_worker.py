@@ -133,3 +133,30 @@ def test_the_serving_engine_is_sized_by_its_kv_flags():
     page = paged_cache_bytes(cfg, 1, by_memory.page_size, by_memory.cache_dtype)
     want = int(hardware.free_memory_bytes() * fraction) // page - 1
     assert abs(by_memory.pool.capacity - want) <= max(2, want // 50)  # the free memory moves a little between reads
+
+
+def test_metrics_count_preemptions_and_show_the_pool_and_bucket():
+    """/metrics' engine figures after each step: preemptions (a counter that follows the scheduler's), pages held of
+    the pool's, and the row bucket of the last decode call."""
+    from jaxlab.engine.continuous import Engine
+    from jaxlab.engine.model import init_params
+    from jaxlab.io.config import tiny
+    from jaxlab.serve.metrics import Metrics
+
+    engine = Engine(init_params(tiny(), 0), slots=3, page_size=4, chunk=8, context=64, num_pages=1 + 12, watermark=None)
+    metrics = Metrics(engine)
+
+    def value(name):
+        line = next(x for x in metrics.render().decode().splitlines() if x.startswith(name + " "))
+        return float(line.split()[-1])
+
+    for i in range(3):
+        engine.add_request([1] + [5 + i] * 20, max_new_tokens=14, ignore_eos=True)
+    held = 0
+    while engine.has_work:
+        engine.step()
+        metrics.step(engine)
+        assert value("jaxlab_preemptions_total") == engine.scheduler.preemptions
+        held = max(held, value("jaxlab_kv_pages_held"))
+    assert engine.scheduler.preemptions > 0 and held == 12 and value("jaxlab_kv_pages_total") == 12
+    assert value("jaxlab_decode_bucket_rows") == 3 and value("jaxlab_kv_pages_held") == 0
