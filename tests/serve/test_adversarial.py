@@ -52,7 +52,7 @@ class InstantEngine:
     config = SimpleNamespace(vocab_size=VOCAB)
 
     def __init__(self):
-        self.requests, self.scheduler = {}, SimpleNamespace(waiting=[], running=[])
+        self.requests, self.scheduler = {}, SimpleNamespace(waiting=[], running=[], preemptions=0)
         self.pool = SimpleNamespace(used=0, capacity=64)
 
     @property
