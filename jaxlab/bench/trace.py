@@ -46,11 +46,11 @@ TRACE = {
     "max_running": 64,
 }
 QUICK_TRACE = {
+    **TRACE,
     "requests": 6,
     "prompt": (8, 40),
     "output": (2, 12),
     "max_batch": 3,
-    "load": 4.0,
     "rows": 4,
     "max_running": 6,
 }
