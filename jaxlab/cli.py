@@ -546,8 +546,8 @@ def cmd_serve(args):
     engine = engine_for(m.params, m.tokenizer, options, model.cache_dtype)
     t0 = time.perf_counter()
     sys.stderr.write(
-        "jaxlab serve: compiling the engine's programs (prefill and decode for each page-table width, greedy and "
-        "sampling, with and without top logprobs; decode row buckets probed first)...\n"
+        "jaxlab serve: compiling the engine's programs (prefill and decode for each page-table width: greedy, "
+        "greedy with top logprobs, sampling; decode row buckets probed first)...\n"
     )
     engine.warmup(sampling=True, top_logprobs=True)  # a request never compiles on the engine's thread
     dropped = [str(b) for b, same in engine.bucket_probe.items() if not same]

@@ -362,7 +362,10 @@ class Engine:
         # device_put, not jnp.asarray: converting a NumPy array with jnp.asarray compiles a small program per shape
         tokens, positions, seeds = jax.device_put((tokens, positions, seeds))
         args = (self.params, tokens, positions, cache, seeds, samp, greedy_rows, self._allowed(rows))
-        top = TOP_LOGPROBS if any(r is not None and r.top for r in rows) else 0
+        # a sampling step always returns the top logprobs: they cost nothing beside sampling's sort of the vocabulary
+        # (benchmarks/NOTES.md 12), and one program fewer per shape is to compile at warm-up
+        wanted = any(r is not None and r.top for r in rows) or not samp.greedy
+        top = TOP_LOGPROBS if wanted else 0
         fn, _ = self.programs.get(name, jit_rows, args, {"top": top} if top else None)
         if top:
             nxt, logp, (top_v, top_i), self.cache = fn(*args)
@@ -523,16 +526,17 @@ class Engine:
 
     def warmup(self, sampling: bool = False, top_logprobs: bool = False) -> float:
         """Compile every program the engine can need (decode and prefill, each page-table width; greedy, and
-        sampling when asked; each also returning top logprobs when asked); returns seconds spent compiling."""
+        greedy returning top logprobs when asked; sampling, which always returns them, when asked); returns seconds
+        spent compiling."""
         before = self.programs.compile_seconds_total
-        kinds = [SamplingParams()] + ([SamplingParams(temperature=1.0)] if sampling else [])
-        tops = [0, TOP_LOGPROBS] if top_logprobs else [0]
+        variants = [(SamplingParams(), 0)] + ([(SamplingParams(), TOP_LOGPROBS)] if top_logprobs else [])
+        variants += [(SamplingParams(temperature=1.0), TOP_LOGPROBS)] if sampling else []
         candidates = self.candidate_buckets()
         if len(candidates) > 1:  # the probe compiles each candidate once; only the kept ones get every variant
             self.bucket_probe = self.probe_buckets(candidates)
             self.row_buckets = tuple(b for b in candidates if self.bucket_probe[b])
         shapes = [("decode", b, 1) for b in self.row_buckets] + [("prefill", 1, self.chunk)]
-        for sp, top in itertools.product(kinds, tops):
+        for sp, top in variants:
             for width in self.widths:
                 for name, rows, t in shapes:
                     samp, greedy_rows = GREEDY, jnp.ones(rows, bool)
