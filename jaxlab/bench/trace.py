@@ -167,7 +167,7 @@ def run_continuous(engine, requests: list[dict], clock=time.perf_counter) -> dic
     streams = []
     engine.kv_samples.clear()
     engine.fill_samples.clear()
-    engine.kv_peak = 0.0
+    kv_peak = 0.0  # the highest KV use after any step
     while pending or engine.has_work:
         now = clock() - t0
         while pending and pending[0]["arrival"] <= now:
@@ -177,13 +177,14 @@ def run_continuous(engine, requests: list[dict], clock=time.perf_counter) -> dic
             streams.append(s)
         if engine.has_work:
             engine.step()
+            kv_peak = max(kv_peak, engine.scheduler.kv_use())
         elif pending:
             time.sleep(max(0.0, pending[0]["arrival"] - (clock() - t0)))
     done = [
         {"arrival": s.arrival_s, "first": s.first_token_at - t0, "finish": s.finished_at - t0, "n": len(s.token_ids)}
         for s in streams
     ]
-    return dict(_summary(done, 0.0, engine.kv_samples, engine.fill_samples), kv_peak=engine.kv_peak)
+    return dict(_summary(done, 0.0, engine.kv_samples, engine.fill_samples), kv_peak=kv_peak)
 
 
 def serve_trace(params, tokenizer, trace: list[dict], shape: dict, log: Callable[[str], None]) -> dict:

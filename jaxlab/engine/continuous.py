@@ -10,8 +10,8 @@ Compiled shapes are fixed: the decode program takes ``slots`` rows of one token 
 ``decode_buckets``; more running sequences than ``slots`` are decoded in several calls), the prefill program one
 row of ``chunk`` tokens, each for a few page-table widths (:attr:`Engine.widths`, a bucket of the longest
 row), greedy or sampling. How many sequences run is bounded by ``max_running`` and, with a ``watermark``, by the
-KV memory (admission by memory, :mod:`~jaxlab.engine.scheduler`). :meth:`Engine.warmup` compiles them all; after it no mix of requests compiles
-anything (a test counts).
+KV memory (admission by memory, :mod:`~jaxlab.engine.scheduler`). :meth:`Engine.warmup` compiles them all; after
+it no mix of requests compiles anything (a test counts).
 
 **Batch invariance.** Each row computes only from its own tokens and pages, and its random key is derived
 from its own seed and position (:func:`~jaxlab.engine.steps.rows_step`); prompt chunks start at multiples
@@ -153,10 +153,9 @@ class Engine:
 
     **Memory.** ``kv_tokens``: the KV budget in positions (the pool is that many pages, plus the null page; or give
     ``kv_bytes``, the memory the pool may take, or ``num_pages``; default: ``max_running`` sequences can each reach
-    ``context``). ``watermark``: admission by
-    memory (:mod:`~jaxlab.engine.scheduler`): a waiting request starts only if the free pages, less what the running
-    requests still need for their prompts, hold its prompt and leave this fraction of the pool free for growth
-    (default 0.01, vLLM's); None admits whenever fewer than ``max_running`` run, and preemption makes room.
+    ``context``). ``watermark``: admission by memory (:mod:`~jaxlab.engine.scheduler`): a waiting request starts only
+    if the free pages, less what the running requests still need for their prompts, hold its prompt and leave this
+    fraction of the pool free for growth (default 0.01, vLLM's); None admits whenever fewer than ``max_running`` run, and preemption makes room.
     ``token_budget``: tokens computed per step (decode tokens plus prompt chunks; default ``max_running +
     2*chunk``); ``prefix_reuse``: read full prompt pages of an identical prefix instead of computing them.
 
@@ -231,7 +230,6 @@ class Engine:
         self.steps = 0
         self.kv_samples: list[float] = []  # KV use (stored / pool) after each step while requests waited
         self.fill_samples: list[float] = []  # stored / pages held, at the same steps
-        self.kv_peak = 0.0  # the highest KV use after any step
         self._free_masks: dict[int, jax.Array] = {}  # rows -> the all-ones grammar bitmask, on the device
         self.grammar_seconds = 0.0  # host time spent computing grammar masks (structured output)
         self.decode_buckets = decode_buckets
@@ -397,10 +395,8 @@ class Engine:
             self.scheduler.computed(ch.seq, ch.end)
             if ch.last and not ch.seq.generated:
                 outputs += self._emit(req, int(nxt[0]), float(logp[0]), _row(tops, 0))
-        use = self.scheduler.kv_use()
-        self.kv_peak = max(self.kv_peak, use)
         if self.scheduler.waiting:
-            self.kv_samples.append(use)
+            self.kv_samples.append(self.scheduler.kv_use())
             self.fill_samples.append(self.scheduler.page_fill())
         return outputs
 

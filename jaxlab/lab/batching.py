@@ -139,8 +139,14 @@ def serve_both(
     rows), at ``load`` x static's throughput on a warm-up slice (:func:`jaxlab.bench.trace.serve_trace`)."""
     from jaxlab.bench.trace import serve_trace
 
-    shape = {"max_batch": max_batch, "load": load, "rows": max_batch, "max_running": max_running}
-    return serve_trace(params, tokenizer, list(trace), dict(shape, decode_buckets=False), log or (lambda _m: None))
+    shape = {
+        "max_batch": max_batch,
+        "load": load,
+        "rows": max_batch,
+        "max_running": max_running,
+        "decode_buckets": False,
+    }
+    return serve_trace(params, tokenizer, list(trace), shape, log or (lambda _m: None))
 
 
 def plot_serving(res: dict):
