@@ -299,22 +299,25 @@ def cmd_generate(args, out=None):
     elif args.speculative:
         results = _generate_speculative(args, m, ids, sampling)
     else:
-        from jaxlab.engine.plan import check_request, plan
+        from jaxlab.engine.plan import check_generation
 
-        ids = check_request(m.config, ids, args.max_new_tokens)
-        plan(m.config, [len(p) for p in ids], args.max_new_tokens)  # a prompt too long: says how much to cut
+        requests = [  # the one check every face shares; the engine takes the requests as they are
+            check_generation(
+                p,
+                args.max_new_tokens,
+                vocab_size=m.config.vocab_size,
+                context=m.config.max_seq_len,
+                sampling=sampling,
+                seed=args.seed + i,
+                stop=args.stop,
+                ignore_eos=args.ignore_eos,
+                constraint=constraint,
+            )
+            for i, p in enumerate(ids)
+        ]
         context = max(len(p) for p in ids) + args.max_new_tokens
         engine = _engine(options, m, slots=len(ids), context=context)
-        results = engine.generate(
-            ids,
-            args.max_new_tokens,
-            sampling,
-            seed=args.seed,
-            stop=args.stop,
-            ignore_eos=args.ignore_eos,
-            on_text=on_text if streaming else None,
-            constraint=constraint,
-        )
+        results = engine.generate(requests, on_text=on_text if streaming else None)
     for prompt, r in zip(args.prompts, results):
         if args.json:
             out.write(
@@ -550,11 +553,11 @@ def cmd_serve(args):
         "greedy with top logprobs, sampling; decode row buckets probed first)...\n"
     )
     engine.warmup(sampling=True, top_logprobs=True)  # a request never compiles on the engine's thread
-    dropped = [str(b) for b, same in engine.bucket_probe.items() if not same]
+    dropped = [str(b) for b, same in engine.runner.bucket_probe.items() if not same]
     sys.stderr.write(
         f"jaxlab serve: compiled {len(engine.programs)} programs in {time.perf_counter() - t0:.1f} s; up to "
         f"{engine.max_running} requests in {engine.pool.capacity * engine.page_size} KV positions; decode row "
-        f"buckets {', '.join(map(str, engine.row_buckets))}"
+        f"buckets {', '.join(map(str, engine.runner.row_buckets))}"
         + (f" ({', '.join(dropped)} left out: this backend computed a row differently there)" if dropped else "")
         + "\n"
     )

@@ -25,12 +25,21 @@ class ConfigError(JaxlabError):
     """A configuration or parameter tree does not fit the model (wrong shape, unknown preset...)."""
 
 
-class PromptTooLongError(JaxlabError):
+class InvalidRequestError(JaxlabError):
+    """A generation request has an invalid value (negative token count, temperature out of range...). ``param``
+    names the request's field at fault (``prompt``, ``max_new_tokens``, ``top_logprobs``...) and ``code`` a kind a
+    face may report (``context_length_exceeded``), so the server can answer with the field its client sent."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.param, self.code = param, code
+
+
+class PromptTooLongError(InvalidRequestError):
     """Prompt plus requested new tokens do not fit in the model's context."""
 
-
-class InvalidRequestError(JaxlabError):
-    """A generation request has an invalid value (negative token count, temperature out of range...)."""
+    def __init__(self, message: str, param: str = "prompt", code: str | None = "context_length_exceeded"):
+        super().__init__(message, param, code)
 
 
 class ExportError(JaxlabError):

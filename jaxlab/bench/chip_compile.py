@@ -43,7 +43,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxlab.engine import continuous, grammar, paged, steps
+from jaxlab.engine import grammar, paged, runner, steps
 from jaxlab.engine.kernels import compiling_for, flash_attention, paged_attention, rms_norm
 from jaxlab.engine.kvcache import init_cache
 from jaxlab.engine.model import Params, default_policy, init_params
@@ -259,13 +259,13 @@ def lab_programs(s: Settings, tgt: Target, params: Params) -> list[tuple[str, Ca
         (f"decode step [{b}]", steps.jit_decode, (params, row(b), row(b), cache, key, greedy), None),
     ]
     # the continuous engine: a pool where every slot reaches the context, the rows step at each table width
-    widths = continuous.table_widths(ctx, continuous.PAGE_SIZE)
-    pool = 1 + b * widths[-1] // continuous.PAGE_SIZE
-    pages = jax.eval_shape(lambda: paged.init_paged_cache(cfg, pool, continuous.PAGE_SIZE, dtype=cache_dtype))
+    widths = runner.table_widths(ctx, runner.PAGE_SIZE)
+    pool = 1 + b * widths[-1] // runner.PAGE_SIZE
+    pages = jax.eval_shape(lambda: paged.init_paged_cache(cfg, pool, runner.PAGE_SIZE, dtype=cache_dtype))
     words = grammar.words(cfg.vocab_size)  # the grammar bitmask's int32 words per row (all ones: free rows)
     for width in widths:
-        for label, rows, t in (("decode", b, 1), ("prefill", 1, continuous.CHUNK)):
-            table = jax.ShapeDtypeStruct((rows, width // continuous.PAGE_SIZE), jnp.int32)
+        for label, rows, t in (("decode", b, 1), ("prefill", 1, runner.CHUNK)):
+            table = jax.ShapeDtypeStruct((rows, width // runner.PAGE_SIZE), jnp.int32)
             pc = put(dataclasses.replace(pages, page_table=table))
             args = (params, row(rows, t), row(rows, t), pc, put(jax.ShapeDtypeStruct((rows,), jnp.uint32)), greedy)
             args += (put(jax.ShapeDtypeStruct((rows,), jnp.bool_)), put(jax.ShapeDtypeStruct((rows, words), jnp.int32)))
@@ -296,7 +296,7 @@ def kernel_programs(s: Settings, tgt: Target) -> list[tuple[str, Callable, tuple
         sds((n, g), jnp.int32),
         sds((n, ctx), jnp.int32),
     )
-    ps = continuous.PAGE_SIZE
+    ps = runner.PAGE_SIZE
     pool = 1 + b * ctx // ps
     paged_fn = jax.jit(lambda q, kp, vp, t, qp: paged_attention(q, kp, vp, t, qp))
     paged_args = (

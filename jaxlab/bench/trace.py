@@ -243,8 +243,8 @@ def serve_trace(params, tokenizer, trace: list[dict], shape: dict, log: Callable
         "requests": len(requests),
         "max_batch": max_batch,
         "max_running": shape["max_running"],
-        "row_buckets": list(engine.row_buckets),
-        "bucket_calls": {str(b): n for b, n in sorted(engine.bucket_steps.items())},
+        "row_buckets": list(engine.runner.row_buckets),
+        "bucket_calls": {str(b): n for b, n in sorted(engine.runner.bucket_steps.items())},
         "most_running": engine.most_running,
         "kv_tokens": cache_tokens,
         "page_size": page_size,
@@ -278,9 +278,9 @@ def step_ratios(params, quick: bool, reps: int, log) -> list[dict]:
     import jax
     import jax.numpy as jnp
 
-    from jaxlab.engine.continuous import Engine
     from jaxlab.engine.grammar import allow_all
     from jaxlab.engine.kvcache import init_cache
+    from jaxlab.engine.paged import init_paged_cache
     from jaxlab.engine.steps import GREEDY, jit_decode, jit_rows
 
     shapes = QUICK_STEP_SHAPES if quick else STEP_SHAPES
@@ -301,9 +301,9 @@ def step_ratios(params, quick: bool, reps: int, log) -> list[dict]:
                     state["out"], _, state["cache"] = contiguous(params, tok, pos, state["cache"], key, GREEDY)
                 state["out"].block_until_ready()
 
-            eng = Engine(params, slots=b, page_size=16, chunk=64, context=ctx, num_pages=b * ctx // 16 + 1)
+            pool = init_paged_cache(cfg, b * ctx // 16 + 1, 16, dtype=params.policy.jnp_dtype)  # the engine's pool
             table = np.arange(1, b * ctx // 16 + 1, dtype=np.int32).reshape(b, ctx // 16)
-            pcache = eng.cache.with_table(table)
+            pcache = pool.with_table(table)
             free = jax.device_put(allow_all(b, cfg.vocab_size))
             args = (
                 params,

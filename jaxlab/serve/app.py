@@ -34,7 +34,7 @@ from jaxlab.serve import protocol
 from jaxlab.serve.hardening import PAGE_HEADERS, Hardening, allowed_hosts
 from jaxlab.serve.metrics import Metrics
 from jaxlab.serve.protocol import ApiError
-from jaxlab.serve.worker import EngineWorker
+from jaxlab.serve.worker import EngineWorker, Failed
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "abort": "abort"}
 
@@ -262,22 +262,11 @@ class Server:
     def submit(self, req: protocol.Request) -> asyncio.Queue:
         self.admitted.add(req.id)
         self.metrics.started(req)
-        return self.worker.submit(
-            req.id,
-            req.prompt_ids,
-            sampling=req.sampling,
-            max_new_tokens=req.max_tokens,
-            seed=req.seed,
-            stop=req.stop,
-            ignore_eos=req.ignore_eos,
-            logprobs=req.logprobs,
-            top_logprobs=req.top_logprobs,
-            constraint=req.constraint,
-        )
+        return self.worker.submit(req.id, req.generation)
 
     async def next_delta(self, req, out: asyncio.Queue, request: Request, deadline: float):
-        """The request's next :class:`~jaxlab.serve.worker.Delta`; aborts it and raises on a disconnect (None)
-        or past the deadline (504)."""
+        """The request's next :class:`~jaxlab.engine.continuous.RequestOutput`; aborts it and raises on a disconnect
+        (None) or past the deadline (504), or with the error the engine gave (:class:`~jaxlab.serve.worker.Failed`)."""
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -296,7 +285,7 @@ class Server:
                     self.worker.abort(req.id)
                     return None
                 continue
-            if delta.error is not None:
+            if isinstance(delta, Failed):
                 raise ApiError(
                     delta.status, delta.error, type="invalid_request_error" if delta.status == 400 else "server_error"
                 )
@@ -319,23 +308,14 @@ class Server:
                 self.worker.abort(req.id)
                 return Response(status_code=499)  # the client is gone; nobody reads this
             text.append(delta.text)
-            if req.logprobs:
-                pieces += self.pieces(delta)
-                values += delta.logprobs
-                tops += self.alternatives(delta)
+            pieces += delta.token_texts  # each token's own text, with logprobs asked (the engine's, as is)
+            values += delta.logprobs
+            tops += delta.top
             if delta.finished:
                 n = delta.total_tokens
-                reason = FINISH.get(delta.reason, delta.reason)
+                reason = FINISH.get(delta.finish_reason, delta.finish_reason)
                 body = protocol.response(req, "".join(text), reason, n, pieces, values, tops)
                 return JSONResponse(body)
-
-    def pieces(self, delta) -> list[str]:
-        """Each new token's own text (what logprobs are reported for)."""
-        return [self.tokenizer.decode([t]) for t in delta.token_ids]
-
-    def alternatives(self, delta) -> list[list[tuple[str, float]]]:
-        """Per new token, its top alternatives as (text, logprob) pairs."""
-        return [[(self.tokenizer.decode([i]), v) for i, v in alts] for alts in delta.top]
 
     def stream(self, req, request: Request) -> StreamingResponse:
         out = self.submit(req)
@@ -357,15 +337,15 @@ class Server:
                         break
                     if delta is None:
                         return
-                    pieces = self.pieces(delta) if req.logprobs else []
-                    if delta.text or pieces:
-                        tops = self.alternatives(delta)
+                    if delta.text or delta.token_texts:
                         yield event(
-                            protocol.chunk(req, delta.text, None, pieces=pieces, values=delta.logprobs, tops=tops)
+                            protocol.chunk(
+                                req, delta.text, None, pieces=delta.token_texts, values=delta.logprobs, tops=delta.top
+                            )
                         )
                     if delta.finished:
                         finished = True
-                        yield event(protocol.chunk(req, None, FINISH.get(delta.reason, delta.reason)))
+                        yield event(protocol.chunk(req, None, FINISH.get(delta.finish_reason, delta.finish_reason)))
                         if req.include_usage:
                             yield event(protocol.usage_chunk(req, delta.total_tokens))
                         break

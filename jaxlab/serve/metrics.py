@@ -53,7 +53,7 @@ class Metrics:
         self.requests.labels(endpoint, str(status)).inc()
 
     def started(self, req) -> None:
-        self.prompt_tokens.inc(len(req.prompt_ids))
+        self.prompt_tokens.inc(len(req.generation.prompt_ids))
 
     def step(self, engine) -> None:  # on the engine's thread, after each step
         self.steps.inc()
@@ -69,8 +69,8 @@ class Metrics:
         if sched.preemptions > self.preempted:
             self.preemptions.inc(sched.preemptions - self.preempted)
             self.preempted = sched.preemptions
-        if engine.last_bucket is not None:
-            self.bucket.set(engine.last_bucket)
+        if engine.runner.last_bucket is not None:
+            self.bucket.set(engine.runner.last_bucket)
 
     def finished(self, pending, reason: str) -> None:  # on the engine's thread
         self.finished_by.labels(reason).inc()

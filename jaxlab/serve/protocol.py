@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jaxlab.engine.grammar import Constraint
+from jaxlab.engine.plan import TOP_LOGPROBS, GenerationRequest, check_generation
 from jaxlab.engine.sampling import SamplingParams
 from jaxlab.errors import InvalidRequestError
 
@@ -71,21 +72,14 @@ METADATA = ("user", "metadata")
 
 @dataclass
 class Request:
-    """A validated generation request."""
+    """A validated request: what the engine runs (``generation``, checked by the engine's one check,
+    :func:`~jaxlab.engine.plan.check_generation`) and how to answer (the endpoint, streaming, usage)."""
 
     kind: str  # "chat" or "completion"
     model: str
-    prompt_ids: list[int]
-    max_tokens: int
-    sampling: SamplingParams
-    seed: int
-    stop: list[str]
+    generation: GenerationRequest
     stream: bool
     include_usage: bool
-    logprobs: bool
-    ignore_eos: bool
-    top_logprobs: int = 0
-    constraint: Constraint | None = None  # structured output (response_format), or None
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -290,29 +284,13 @@ def parse_request(body: dict, kind: str, *, model_name: str, tokenizer, context:
         elif (
             isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
         ):
-            bad_ids = [t for t in prompt if not 0 <= t < vocab_size]
-            if bad_ids:
-                raise bad(f"prompt has token ids outside the vocabulary [0, {vocab_size}): {bad_ids[:5]}", "prompt")
-            prompt_ids = list(prompt)
+            prompt_ids = list(prompt)  # the ids are checked with the rest of the request, below
         else:
             raise bad("prompt must be a string or a non-empty list of token ids (one prompt per request)", "prompt")
     room = context - len(prompt_ids)
-    if room < 1:
-        raise bad(
-            f"the prompt has {len(prompt_ids)} tokens, but this server's context is {context}: shorten it",
-            "messages" if kind == "chat" else "prompt",
-            "context_length_exceeded",
-        )
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     default = room if kind == "chat" else min(DEFAULT_COMPLETION_TOKENS, room)
-    max_tokens = _number(body, name, 1, 10**9, default, integer=True)
-    if max_tokens > room:
-        raise bad(
-            f"the prompt ({len(prompt_ids)} tokens) plus {name}={max_tokens} exceeds this server's context of "
-            f"{context} tokens: ask for at most {room}",
-            name,
-            "context_length_exceeded",
-        )
+    max_tokens = _number(body, name, 1, 10**9, max(default, 1), integer=True)
     temperature = _number(body, "temperature", 0, 2, 1.0)
     try:
         sampling = SamplingParams(
@@ -338,26 +316,37 @@ def parse_request(body: dict, kind: str, *, model_name: str, tokenizer, context:
         logprobs = logprobs is not None
     else:
         logprobs = _bool(body, "logprobs")
-        top = _number(body, "top_logprobs", 0, 20, 0, integer=True)
+        top = _number(body, "top_logprobs", 0, TOP_LOGPROBS, 0, integer=True)
         if top and not logprobs:
             raise bad("top_logprobs needs logprobs: true", "top_logprobs")
     constraint = _response_format(body, tokenizer, vocab_size) if kind == "chat" else None
-    if constraint is not None and _bool(body, "ignore_eos"):
-        raise bad("ignore_eos cannot be combined with response_format: the format ends the reply", "ignore_eos")
+    try:  # the engine's one check of a request: prompt ids, room in the context, top logprobs, grammar and EOS
+        generation = check_generation(
+            prompt_ids,
+            max_tokens,
+            vocab_size=vocab_size,
+            context=context,
+            sampling=sampling,
+            seed=_number(body, "seed", -(2**63), 2**64 - 1, 0, integer=True) % 2**32,
+            stop=_stop(body),
+            ignore_eos=_bool(body, "ignore_eos"),
+            logprobs=logprobs,
+            top_logprobs=top,
+            constraint=constraint,
+        )
+    except InvalidRequestError as e:  # named as this endpoint's client sent the field
+        param = {
+            "prompt": "messages" if kind == "chat" else "prompt",
+            "max_new_tokens": name,
+            "top_logprobs": "top_logprobs" if kind == "chat" else "logprobs",
+        }.get(e.param, e.param)
+        raise bad(str(e).replace("max_new_tokens", name), param, e.code) from None
     return Request(
         kind=kind,
         model=model,
-        prompt_ids=list(prompt_ids),
-        max_tokens=max_tokens,
-        sampling=sampling,
-        seed=_number(body, "seed", -(2**63), 2**64 - 1, 0, integer=True) % 2**32,
-        stop=_stop(body),
+        generation=generation,
         stream=stream,
         include_usage=bool(opts and _bool(opts, "include_usage")),
-        logprobs=logprobs,
-        ignore_eos=_bool(body, "ignore_eos"),
-        top_logprobs=top,
-        constraint=constraint,
     )
 
 
@@ -367,13 +356,13 @@ def parse_request(body: dict, kind: str, *, model_name: str, tokenizer, context:
 
 
 def usage(req: Request, completion_tokens: int) -> dict:
-    n = len(req.prompt_ids)
+    n = len(req.generation.prompt_ids)
     return {"prompt_tokens": n, "completion_tokens": completion_tokens, "total_tokens": n + completion_tokens}
 
 
 def _logprobs(req: Request, pieces: list[str], values: list[float], tops=()) -> Any:
     """OpenAI's logprobs object; ``tops``: per token, the alternatives as (text, logprob) pairs, most likely first."""
-    if not req.logprobs:
+    if not req.generation.logprobs:
         return None
     tops = list(tops) or [[] for _ in pieces]
     if req.kind == "chat":
@@ -388,7 +377,7 @@ def _logprobs(req: Request, pieces: list[str], values: list[float], tops=()) -> 
                 for p, v, alts in zip(pieces, values, tops)
             ]
         }
-    top = [dict(alts) for alts in tops] if req.top_logprobs else None
+    top = [dict(alts) for alts in tops] if req.generation.top_logprobs else None
     return {"tokens": pieces, "token_logprobs": values, "top_logprobs": top, "text_offset": None}
 
 

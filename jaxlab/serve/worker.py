@@ -1,9 +1,10 @@
 """The engine's own thread: the only caller of :class:`~jaxlab.engine.continuous.Engine`.
 
 HTTP handlers run on the event loop; the engine's steps block for tens of milliseconds each, so they run on a
-thread of their own. Handlers talk to it through :meth:`EngineWorker.submit` and :meth:`EngineWorker.abort`
-(queued, carried out between two steps); each request's outputs come back on an ``asyncio.Queue`` of the
-handler's loop. An abort frees the request's slot and pages before the next step.
+thread of their own. Handlers talk to it through :meth:`EngineWorker.submit` (a request checked already, by
+:func:`~jaxlab.engine.plan.check_generation`) and :meth:`EngineWorker.abort` (queued, carried out between two
+steps); each request's :class:`~jaxlab.engine.continuous.RequestOutput` s come back, as the engine made them, on an
+``asyncio.Queue`` of the handler's loop. An abort frees the request's slot and pages before the next step.
 """
 
 from __future__ import annotations
@@ -14,36 +15,31 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from jaxlab.engine.continuous import Engine
+from jaxlab.engine.continuous import Engine, RequestOutput
+from jaxlab.engine.plan import GenerationRequest
 from jaxlab.errors import JaxlabError
 
 
 @dataclass
-class Delta:
-    """What a request got in one step: text, token ids and their logprobs; at the end, why it finished."""
+class Failed:
+    """A request the engine refused (status 400: the engine's own check) or could not run (500), in place of its
+    :class:`~jaxlab.engine.continuous.RequestOutput` s."""
 
-    text: str
-    token_ids: list[int]
-    logprobs: list[float]
-    finished: bool = False
-    reason: str | None = None  # "eos", "stop", "length", "abort"
-    error: str | None = None  # the engine refused the request, or stopped
-    status: int = 200  # with an error: 400 when the request was at fault (the engine's own check), else 500
-    total_tokens: int = 0  # generated so far (the completion's usage)
-    top: list = field(default_factory=list)  # per new token: [(id, logprob), ...] when top logprobs were asked
+    error: str
+    status: int = 500
+    finished: bool = True
+    finish_reason: str = "error"
 
 
 @dataclass
 class _Pending:
     request_id: str
-    kwargs: dict
+    request: GenerationRequest
     loop: asyncio.AbstractEventLoop
     out: asyncio.Queue
     submitted: float = field(default_factory=time.perf_counter)
-    stream: object = None
-    ids_sent: int = 0
     first_token_at: float | None = None
-    tokens: int = 0
+    tokens: int = 0  # generated so far (the metrics' count)
 
 
 class EngineWorker:
@@ -67,10 +63,10 @@ class EngineWorker:
         self._thread.start()
         return self
 
-    def submit(self, request_id: str, prompt_ids, **kwargs) -> asyncio.Queue:
-        """Queue a request (``Engine.add_request`` keywords); returns the queue its :class:`Delta` s arrive on."""
+    def submit(self, request_id: str, request: GenerationRequest) -> asyncio.Queue:
+        """Queue a checked request; returns the queue its outputs arrive on (or one :class:`Failed`)."""
         loop = asyncio.get_running_loop()
-        p = _Pending(request_id, dict(kwargs, prompt_ids=list(prompt_ids)), loop, asyncio.Queue())
+        p = _Pending(request_id, request, loop, asyncio.Queue())
         self._inbox.put(("add", p))
         self._wake.set()
         if self.error is not None:  # the engine stopped while this was being sent: fail it now, not at the timeout
@@ -100,34 +96,41 @@ class EngineWorker:
 
     # ---- the engine thread -----------------------------------------------------------------------
 
-    def _send(self, p: _Pending, delta: Delta) -> None:
+    def _send(self, p: _Pending, out: RequestOutput | Failed) -> None:
         try:
-            p.loop.call_soon_threadsafe(p.out.put_nowait, delta)
+            p.loop.call_soon_threadsafe(p.out.put_nowait, out)
         except RuntimeError:  # the handler's loop is closed: nobody is listening
             pass
 
-    def _end(self, p: _Pending, reason: str, text: str = "") -> None:
-        self._pending.pop(p.request_id, None)
-        self._send(p, Delta(text, [], [], True, reason, total_tokens=p.tokens))
-        if self.on_finish is not None:
-            self.on_finish(p, reason)
+    def _forward(self, p: _Pending, o: RequestOutput, now: float) -> None:
+        """Send one of the engine's outputs on as it is; at the end, the metrics."""
+        p.tokens = o.total_tokens
+        if o.token_ids and p.first_token_at is None:
+            p.first_token_at = now
+        if o.finished:
+            self._pending.pop(o.request_id, None)
+        self._send(p, o)
+        if o.finished and self.on_finish is not None:
+            self.on_finish(p, o.finish_reason)
 
     def _handle(self, kind: str, item) -> None:
         if kind == "add":
             p: _Pending = item
             try:
-                p.stream = self.engine.add_request(request_id=p.request_id, **p.kwargs)
+                self.engine.add_request(p.request, request_id=p.request_id)
             except JaxlabError as e:  # the engine's own check (a request that cannot fit)
-                self._send(p, Delta("", [], [], True, "error", error=str(e), status=400))
+                self._send(p, Failed(str(e), 400))
                 return
             except Exception as e:  # a bug of ours: this request fails, the engine goes on
-                self._send(p, Delta("", [], [], True, "error", error=f"{type(e).__name__}: {e}", status=500))
+                self._send(p, Failed(f"{type(e).__name__}: {e}", 500))
                 return
             self._pending[p.request_id] = p
         elif kind == "abort":
             p = self._pending.get(item)
-            if p is not None and self.engine.abort(item):
-                self._end(p, "abort")
+            if p is not None:
+                o = self.engine.abort(item)
+                if o is not None:
+                    self._forward(p, o, time.perf_counter())
         elif kind == "abort_all":
             for rid in list(self._pending):
                 self._handle("abort", rid)
@@ -155,22 +158,8 @@ class EngineWorker:
                 now = time.perf_counter()
                 for o in outputs:
                     p = self._pending.get(o.request_id)
-                    if p is None:
-                        continue
-                    ids = p.stream.token_ids[p.ids_sent :]
-                    lp = p.stream.logprobs[p.ids_sent :] if p.stream.logprobs is not None else []
-                    top = p.stream.top_logprobs[p.ids_sent :] if p.stream.top_logprobs is not None else []
-                    p.ids_sent = p.tokens = len(p.stream.token_ids)
-                    if ids and p.first_token_at is None:
-                        p.first_token_at = now
-                    delta = Delta(
-                        o.text, list(ids), list(lp), o.finished, o.finish_reason, total_tokens=p.tokens, top=top
-                    )
-                    if o.finished:
-                        self._pending.pop(o.request_id, None)
-                    self._send(p, delta)
-                    if o.finished and self.on_finish is not None:
-                        self.on_finish(p, o.finish_reason)
+                    if p is not None:
+                        self._forward(p, o, now)
                 if self.on_step is not None:
                     self.on_step(self.engine)
         except BaseException as e:  # a bug: every waiting request learns of it instead of hanging
@@ -180,9 +169,9 @@ class EngineWorker:
             self._pending.clear()
             self._fail_inbox()  # and so do the requests sent but not yet taken
 
-    def _stopped(self) -> Delta:
+    def _stopped(self) -> Failed:
         e = self.error
-        return Delta("", [], [], True, "error", error=f"the engine stopped: {type(e).__name__}: {e}", status=500)
+        return Failed(f"the engine stopped: {type(e).__name__}: {e}", 500)
 
     def _fail_inbox(self) -> None:
         while True:

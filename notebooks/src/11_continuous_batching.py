@@ -95,7 +95,7 @@ _ = show_source(write_pages, skip_docstring=True)
 # %%
 engine = Engine(m.params, tok, slots=4, page_size=16, chunk=64, context=256)
 compile_s = engine.warmup()
-print(f"compiled {len(engine.programs)} programs (decode and prefill, {len(engine.widths)} page-table width)")
+print(f"compiled {len(engine.programs)} programs (decode and prefill, {len(engine.runner.widths)} page-table width)")
 
 
 def chat(text, system=None):
@@ -318,8 +318,8 @@ _ = check("prefix reuse gives the same tokens", outs[True] == outs[False], "8 re
 by_memory = Engine(m.params, tok, slots=4, page_size=16, chunk=64, context=256, num_pages=1 + 5, decode_buckets=True)
 by_memory.programs = small.programs  # the same shapes: only the smaller buckets' programs are new
 by_memory.warmup()
-kept = by_memory.row_buckets
-print(f"row buckets probed {sorted(by_memory.bucket_probe)}, kept {list(kept)}")
+kept = by_memory.runner.row_buckets
+print(f"row buckets probed {sorted(by_memory.runner.bucket_probe)}, kept {list(kept)}")
 streams_mem, by_mem = batching.run_arrivals(by_memory, crowd)
 fig = batching.plot_engine_state({"by slots": by_slots, "by memory": by_mem}, pool_pages=small.pool.capacity)
 plt.show()

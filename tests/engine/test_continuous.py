@@ -95,9 +95,9 @@ def test_more_running_than_rows_decode_in_several_calls_with_the_same_tokens(tin
     streams = {i: eng.add_request(prompt, sp, max_new_tokens=n, seed=i, ignore_eos=True) for _, prompt, n, sp, i in mix}
     most, calls = 0, 0
     while eng.has_work:
-        before = sum(eng.bucket_steps.values())
+        before = sum(eng.runner.bucket_steps.values())
         eng.step()
-        most, calls = max(most, len(eng.scheduler.running)), max(calls, sum(eng.bucket_steps.values()) - before)
+        most, calls = max(most, len(eng.scheduler.running)), max(calls, sum(eng.runner.bucket_steps.values()) - before)
     assert most > 3 and calls == 2  # up to six running: two decode calls of at most 3 rows in a step
     for _, prompt, n, sp, i in mix:
         assert streams[i].token_ids == alone(tiny_params, prompt, n, sp, seed=i), f"request {i}"
@@ -149,29 +149,33 @@ def test_decode_buckets_keep_batch_invariance_and_compile_nothing_after_warmup(t
     requests alone, and no mix compiles anything."""
     eng = tiny_engine(tiny_params, slots=4, decode_buckets=True)
     eng.warmup(sampling=True)
-    assert set(eng.bucket_probe) == {1, 2, 4} and eng.bucket_probe[4]
-    assert eng.row_buckets == tuple(b for b in (1, 2, 4) if eng.bucket_probe[b])
+    assert set(eng.runner.bucket_probe) == {1, 2, 4} and eng.runner.bucket_probe[4]
+    assert eng.runner.row_buckets == tuple(b for b in (1, 2, 4) if eng.runner.bucket_probe[b])
     mix = random_mix(random.Random(11), 6)
     with CompileCounter() as cc:
         streams = {i: eng.add_request(prompt, sp, max_new_tokens=n, seed=i, ignore_eos=True)
                    for _, prompt, n, sp, i in mix}  # fmt: skip
         eng.run()
     assert cc.count == 0, cc.names
-    assert set(eng.bucket_steps) <= set(eng.row_buckets)
-    if len(eng.row_buckets) > 1:  # the tail of the run, fewer than 4 running, took a smaller bucket
-        assert min(eng.bucket_steps) < 4, eng.bucket_steps
+    assert set(eng.runner.bucket_steps) <= set(eng.runner.row_buckets)
+    if len(eng.runner.row_buckets) > 1:  # the tail of the run, fewer than 4 running, took a smaller bucket
+        assert min(eng.runner.bucket_steps) < 4, eng.runner.bucket_steps
     for _, prompt, n, sp, i in mix:
         assert streams[i].token_ids == alone(tiny_params, prompt, n, sp, seed=i), f"request {i}"
 
 
 def test_a_bucket_whose_probe_differs_is_not_used(tiny_params, monkeypatch):
     eng = tiny_engine(tiny_params, slots=4, decode_buckets=True)
-    monkeypatch.setattr(eng, "probe_buckets", lambda buckets: {b: b != 2 for b in buckets})
+    monkeypatch.setattr(eng.runner, "probe_buckets", lambda buckets: {b: b != 2 for b in buckets})
     eng.warmup()
-    assert eng.row_buckets == (1, 4)
+    assert eng.runner.row_buckets == (1, 4)
     streams = [eng.add_request([1, 5 + i], max_new_tokens=3, ignore_eos=True) for i in range(2)]
     eng.run()  # two running: bucket 2 would hold them, but it was dropped
-    assert all(len(s.token_ids) == 3 for s in streams) and 2 not in eng.bucket_steps and 4 in eng.bucket_steps
+    assert (
+        all(len(s.token_ids) == 3 for s in streams)
+        and 2 not in eng.runner.bucket_steps
+        and 4 in eng.runner.bucket_steps
+    )
 
 
 def test_abort_frees_the_slot_and_pages_at_once(tiny_params):
@@ -311,7 +315,7 @@ def test_chunks_of_one_step_may_cross_page_table_widths(tiny_params, monkeypatch
     monkeypatch.setattr(paged, "BLOCK_TOKENS", 16)  # widths 16, 32, 64
     prompt = [1] + list(range(30, 69))  # 40 tokens: chunks [0,8) ... [32,40), four per step
     eng = tiny_engine(tiny_params, slots=2, token_budget=2 + 32)
-    assert eng.widths == (16, 32, 64)
+    assert eng.runner.widths == (16, 32, 64)
     got = eng.generate([prompt], max_new_tokens=6, ignore_eos=True)[0].generated_ids
     want = Generator(tiny_params).generate([prompt], 6, ignore_eos=True)[0].generated_ids
     assert got == want
@@ -338,3 +342,33 @@ def test_top_logprobs_come_with_each_token(tiny_params):
     )
     with pytest.raises(InvalidRequestError, match="top_logprobs"):
         eng.add_request(prompt, top_logprobs=21)
+
+
+def test_step_outputs_add_up_to_the_record_and_are_detokenized_once(tiny_params):
+    """What the steps hand out is the request's record, in pieces: the outputs' token ids, logprobs and text add up
+    to the stream's, nothing twice, the last one finished with its reason; with logprobs asked each new token comes
+    with its own text and its alternatives' texts (detokenized by the engine, so a server forwards them as they
+    are)."""
+    from conftest import byte_tokenizer
+
+    tok = byte_tokenizer()
+    eng = Engine(tiny_params, tok, slots=3, page_size=4, chunk=8, context=64)
+    eng.programs = ALONE_PROGRAMS
+    plain = eng.add_request([1, 44, 45], max_new_tokens=7, ignore_eos=True)
+    asked = eng.add_request([1, 5, 9, 33], max_new_tokens=9, top_logprobs=2, stop=["zz"])
+    got: dict[str, list] = {plain.request_id: [], asked.request_id: []}
+    while eng.has_work:
+        for o in eng.step():
+            got[o.request_id].append(o)
+    for stream in (plain, asked):
+        outs = got[stream.request_id]
+        assert [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
+        assert outs[-1].finish_reason == stream.finish_reason and outs[-1].total_tokens == len(stream.token_ids)
+        assert sum((o.token_ids for o in outs), []) == stream.token_ids
+        assert "".join(o.text for o in outs) == stream.text
+    assert not any(o.logprobs or o.token_texts or o.top for o in got[plain.request_id])
+    outs = got[asked.request_id]
+    assert sum((o.logprobs for o in outs), []) == asked.logprobs
+    assert sum((o.token_texts for o in outs), []) == [tok.decode([t]) for t in asked.token_ids]
+    tops = sum((o.top for o in outs), [])
+    assert tops == [[(tok.decode([i]), v) for i, v in alts] for alts in asked.top_logprobs] and len(tops[0]) == 2

@@ -210,7 +210,9 @@ def test_a_bad_grammar_is_one_line_that_names_it(tiny_params, tok):
     with pytest.raises(InvalidRequestError, match="ignore_eos"):
         eng.add_request([1, 5], max_new_tokens=4, ignore_eos=True, constraint=Constraint.json_object())
     with pytest.raises(InvalidRequestError, match="tokenizer"):
-        Engine(tiny_params, None, slots=1, context=32).add_request([1], constraint=Constraint.json_object())
+        Engine(tiny_params, None, slots=1, context=32).add_request(
+            [1], max_new_tokens=4, constraint=Constraint.json_object()
+        )
     assert not eng.has_work  # nothing was queued
 
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import pytest
 from conftest import byte_tokenizer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from jaxlab.engine.continuous import RequestOutput
 
 EXAMPLES = int(os.environ.get("JAXLAB_FUZZ_EXAMPLES", "1500"))
 VOCAB, CONTEXT = 263, 64  # the tiny model's vocabulary: conftest's byte tokenizer spells it (for response_format)
@@ -36,18 +37,11 @@ class Tokenizer:
         return [1] + [t for m in messages for t in self.encode(m["role"] + ":" + m["content"])] + [2]
 
 
-@dataclass
-class Stream:
-    token_ids: list = field(default_factory=list)
-    logprobs: list | None = None
-    top_logprobs: list | None = None
-
-
 class InstantEngine:
     """Finishes every request in one step with one token (a logprob, and alternatives when asked)."""
 
     slots, max_running, context, page_size = 4, 4, CONTEXT, 16
-    last_bucket = None  # the row bucket of the last decode call (none run)
+    runner = SimpleNamespace(last_bucket=None)  # the row bucket of the last decode call (none run)
     tokenizer = Tokenizer()
     config = SimpleNamespace(vocab_size=VOCAB)
 
@@ -59,20 +53,18 @@ class InstantEngine:
     def has_work(self):
         return bool(self.requests)
 
-    def add_request(self, request_id, prompt_ids, logprobs=False, top_logprobs=0, **kwargs):
-        stream = Stream(logprobs=[] if logprobs or top_logprobs else None, top_logprobs=[] if top_logprobs else None)
-        self.requests[request_id] = (stream, top_logprobs)
-        return stream
+    def add_request(self, request, request_id=None):
+        self.requests[request_id] = request
+        return object()
 
     def step(self):
         out = []
-        for rid, (stream, top) in list(self.requests.items()):
-            stream.token_ids.append(5)
-            if stream.logprobs is not None:
-                stream.logprobs.append(-0.5)
-            if stream.top_logprobs is not None:
-                stream.top_logprobs.append([(5, -0.5), (6, -1.5)][:top])
-            out.append(SimpleNamespace(request_id=rid, text="f", finished=True, finish_reason="length"))
+        for rid, request in list(self.requests.items()):
+            o = RequestOutput(rid, [5], "f", True, "length", total_tokens=1)
+            if request.logprobs:
+                o.logprobs, o.token_texts = [-0.5], ["f"]
+                o.top = [[("f", -0.5), ("g", -1.5)][: request.top_logprobs]]
+            out.append(o)
             del self.requests[rid]
         return out
 

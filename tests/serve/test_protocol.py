@@ -30,7 +30,12 @@ MSG = [{"role": "user", "content": "hi"}]
 
 def test_defaults_and_fields():
     r = parse({"messages": MSG})
-    assert r.sampling.temperature == 1.0 and not r.stream and r.stop == [] and r.max_tokens == 64 - len(r.prompt_ids)
+    assert (
+        r.generation.sampling.temperature == 1.0
+        and not r.stream
+        and r.generation.stop == ()
+        and r.generation.max_new_tokens == 64 - len(r.generation.prompt_ids)
+    )
     r = parse(
         {
             "model": "m",
@@ -50,22 +55,31 @@ def test_defaults_and_fields():
             "user": "someone",
         }
     )
-    assert (r.max_tokens, r.sampling.greedy, r.sampling.top_k, r.stop, r.include_usage, r.logprobs) == (
+    assert (
+        r.generation.max_new_tokens,
+        r.generation.sampling.greedy,
+        r.generation.sampling.top_k,
+        r.generation.stop,
+        r.include_usage,
+        r.generation.logprobs,
+    ) == (
         5,
         True,
         3,
-        ["x"],
+        ("x",),
         True,
         True,
     )
-    assert r.seed == 2**32 - 1  # any 64-bit seed maps to the engine's 32-bit one
+    assert r.generation.seed == 2**32 - 1  # any 64-bit seed maps to the engine's 32-bit one
     c = parse({"prompt": "abc"}, "completion")
-    assert c.max_tokens == protocol.DEFAULT_COMPLETION_TOKENS and c.prompt_ids == FakeTokenizer().encode("abc")
-    assert parse({"prompt": [5, 6]}, "completion").prompt_ids == [5, 6]
+    assert c.generation.max_new_tokens == protocol.DEFAULT_COMPLETION_TOKENS and list(
+        c.generation.prompt_ids
+    ) == FakeTokenizer().encode("abc")
+    assert list(parse({"prompt": [5, 6]}, "completion").generation.prompt_ids) == [5, 6]
     c = parse({"prompt": "a", "logprobs": 5}, "completion")
-    assert c.logprobs and c.top_logprobs == 5
+    assert c.generation.logprobs and c.generation.top_logprobs == 5
     r = parse({"messages": MSG, "logprobs": True, "top_logprobs": 2})
-    assert r.top_logprobs == 2
+    assert r.generation.top_logprobs == 2
     lp = protocol.response(r, "ab", "stop", 2, ["a", "b"], [-0.1, -0.2], [[("a", -0.1), ("c", -2.0)], [("b", -0.2)]])
     alts = lp["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
     assert [a["token"] for a in alts] == ["a", "c"] and alts[1]["logprob"] == -2.0
@@ -121,7 +135,7 @@ def test_bad_chat_requests_name_the_field(body, status, param, words):
 )
 def test_completion_requests(body, words):
     if words is None:
-        assert parse(body, "completion").prompt_ids == [1]
+        assert list(parse(body, "completion").generation.prompt_ids) == [1]
         return
     with pytest.raises(ApiError, match=words):
         parse(body, "completion")
@@ -169,7 +183,7 @@ def test_quoted_values_are_short_and_never_raise():
 
 
 def test_a_lone_surrogate_in_a_completion_prompt_is_sanitized():
-    assert parse({"prompt": "a\ud800b"}, "completion").prompt_ids == FakeTokenizer().encode("a\ufffdb")
+    assert list(parse({"prompt": "a\ud800b"}, "completion").generation.prompt_ids) == FakeTokenizer().encode("a\ufffdb")
 
 
 def test_rate_limiter_refills_over_time(monkeypatch):
@@ -220,9 +234,13 @@ def test_prompts_are_built_as_on_the_command_line():
     from jaxlab.io.tokenizer import prompt_ids
 
     tok = FakeTokenizer()
-    assert parse({"messages": MSG}).prompt_ids == prompt_ids(tok, messages=MSG)
-    assert parse({"prompt": "a\x07b"}, "completion").prompt_ids == prompt_ids(tok, "ab", raw=True) == tok.encode("ab")
-    assert parse({"prompt": ""}, "completion").prompt_ids == [tok.bos_id]
+    assert list(parse({"messages": MSG}).generation.prompt_ids) == prompt_ids(tok, messages=MSG)
+    assert (
+        list(parse({"prompt": "a\x07b"}, "completion").generation.prompt_ids)
+        == prompt_ids(tok, "ab", raw=True)
+        == tok.encode("ab")
+    )
+    assert list(parse({"prompt": ""}, "completion").generation.prompt_ids) == [tok.bos_id]
 
 
 @pytest.mark.parametrize(
@@ -278,10 +296,12 @@ def test_response_format_becomes_a_constraint():
     from jaxlab.engine.grammar import Constraint
 
     spec = {"name": "answer", "schema": SCHEMA, "strict": True}
-    assert parse_format({"type": "json_schema", "json_schema": spec}).constraint == Constraint.json_schema(SCHEMA)
-    assert parse_format({"type": "json_object"}).constraint == Constraint.json_object()
-    assert parse_format({"type": "text"}).constraint is None
-    assert parse({"messages": MSG}).constraint is None
+    assert parse_format({"type": "json_schema", "json_schema": spec}).generation.constraint == Constraint.json_schema(
+        SCHEMA
+    )
+    assert parse_format({"type": "json_object"}).generation.constraint == Constraint.json_object()
+    assert parse_format({"type": "text"}).generation.constraint is None
+    assert parse({"messages": MSG}).generation.constraint is None
 
 
 @pytest.mark.parametrize(
@@ -307,3 +327,17 @@ def test_bad_response_formats_are_400s_that_say_why(fmt, kind, extra, words):
     with pytest.raises(ApiError) as e:
         parse_format(fmt, kind, **extra)
     assert e.value.status == 400 and words in e.value.message and "\n" not in e.value.message
+
+
+def test_the_request_is_checked_by_the_engines_one_check(monkeypatch):
+    """The server reads OpenAI's fields and hands the rest to ``check_generation`` once (the engine then takes the
+    result as is: tests/engine/test_plan.py); its errors come back named by the field this endpoint's client sent."""
+    calls = []
+    real = protocol.check_generation
+    monkeypatch.setattr(protocol, "check_generation", lambda *a, **k: calls.append(1) or real(*a, **k))
+    r = parse({"messages": MSG, "max_tokens": 3, "logprobs": True, "top_logprobs": 2})
+    assert calls == [1] and (r.generation.max_new_tokens, r.generation.top_logprobs) == (3, 2)
+    with pytest.raises(ApiError) as e:
+        parse({"prompt": "a", "max_tokens": 64}, "completion")
+    assert (e.value.param, e.value.body()["error"]["code"]) == ("max_tokens", "context_length_exceeded")
+    assert "ask for at most" in e.value.message

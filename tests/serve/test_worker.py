@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import asyncio
 
+from jaxlab.engine.continuous import RequestOutput
+from jaxlab.engine.plan import GenerationRequest
 from jaxlab.errors import InvalidRequestError
 from jaxlab.serve.worker import EngineWorker
+
+
+def req(*ids):
+    return GenerationRequest(ids, 4)
 
 
 class RefusingEngine:
     has_work = False
 
-    def add_request(self, request_id, prompt_ids, **kwargs):
-        if prompt_ids == [0]:
+    def add_request(self, request, request_id=None):
+        if request.prompt_ids == (0,):
             raise InvalidRequestError("the request needs 99 pages, the pool holds 8")
         raise RuntimeError("a bug")
 
@@ -22,14 +28,18 @@ def test_refused_and_broken_requests_get_their_status_and_the_thread_goes_on():
     async def main():
         worker = EngineWorker(RefusingEngine()).start()
         try:
-            refused = await asyncio.wait_for(worker.submit("a", [0]).get(), 10)
-            broken = await asyncio.wait_for(worker.submit("b", [1]).get(), 10)
+            refused = await asyncio.wait_for(worker.submit("a", req(0)).get(), 10)
+            broken = await asyncio.wait_for(worker.submit("b", req(1)).get(), 10)
             return refused, broken, worker.alive, worker.in_flight
         finally:
             worker.stop()
 
     refused, broken, alive, in_flight = asyncio.run(main())
-    assert (refused.finished, refused.status, refused.reason) == (True, 400, "error") and "pages" in refused.error
+    assert (refused.finished, refused.status, refused.finish_reason) == (
+        True,
+        400,
+        "error",
+    ) and "pages" in refused.error
     assert (broken.status, broken.error) == (500, "RuntimeError: a bug")
     assert alive and in_flight == 0
 
@@ -46,7 +56,7 @@ class CrashingEngine:
     def has_work(self):
         return bool(self.added)
 
-    def add_request(self, request_id, prompt_ids, **kwargs):
+    def add_request(self, request, request_id=None):
         self.added.append(request_id)
         return object()
 
@@ -61,12 +71,12 @@ def test_a_crash_fails_the_running_the_queued_and_the_later_requests_at_once():
         engine = CrashingEngine()
         worker = EngineWorker(engine).start()
         try:
-            running = worker.submit("a", [1])
+            running = worker.submit("a", req(1))
             await asyncio.get_running_loop().run_in_executor(None, engine.stepping.wait, 10)
-            queued = worker.submit("b", [1])  # sent while the step runs: still in the inbox when it crashes
+            queued = worker.submit("b", req(1))  # sent while the step runs: still in the inbox when it crashes
             engine.release.set()
             got = [await asyncio.wait_for(q.get(), 5) for q in (running, queued)]
-            later = await asyncio.wait_for(worker.submit("c", [1]).get(), 5)  # sent after: answered at once
+            later = await asyncio.wait_for(worker.submit("c", req(1)).get(), 5)  # sent after: answered at once
             return got + [later], worker.alive
         finally:
             worker.stop()
@@ -86,12 +96,12 @@ class IdleEngine:
     def __init__(self):
         self.aborted = []
 
-    def add_request(self, request_id, prompt_ids, **kwargs):
+    def add_request(self, request, request_id=None):
         return object()
 
     def abort(self, request_id):
         self.aborted.append(request_id)
-        return True
+        return RequestOutput(request_id, [], "", True, "abort")
 
 
 def test_an_abort_updates_the_gauges_without_waiting_for_a_step():
@@ -101,14 +111,14 @@ def test_an_abort_updates_the_gauges_without_waiting_for_a_step():
         engine = IdleEngine()
         worker = EngineWorker(engine, on_change=changes.append).start()
         try:
-            out = worker.submit("a", [1])
+            out = worker.submit("a", req(1))
             worker.abort("a")
             return await asyncio.wait_for(out.get(), 5), engine
         finally:
             worker.stop()
 
     delta, engine = asyncio.run(main())
-    assert (delta.finished, delta.reason) == (True, "abort") and engine.aborted == ["a"]
+    assert (delta.finished, delta.finish_reason) == (True, "abort") and engine.aborted == ["a"]
     assert changes and all(c is engine for c in changes)  # the metrics' gauges were refreshed with no step run
 
 
@@ -124,7 +134,7 @@ def test_the_serving_engine_is_sized_by_its_kv_flags():
     params = init_params(tiny(), 0)
     cfg, ctx = params.config, min(64, params.config.max_seq_len)
     default = engine_for(params, None, ServeOptions(slots=4, max_running=12, context=ctx))
-    assert (default.slots, default.max_running, default.decode_buckets) == (4, 12, True)
+    assert (default.slots, default.max_running, default.runner.decode_buckets) == (4, 12, True)
     assert default.pool.capacity * default.page_size == 4 * ctx
     given = engine_for(params, None, ServeOptions(slots=4, context=ctx, kv_tokens=10 * ctx))
     assert given.pool.capacity * given.page_size == 10 * ctx
@@ -160,3 +170,47 @@ def test_metrics_count_preemptions_and_show_the_pool_and_bucket():
         held = max(held, value("jaxlab_kv_pages_held"))
     assert engine.scheduler.preemptions > 0 and held == 12 and value("jaxlab_kv_pages_total") == 12
     assert value("jaxlab_decode_bucket_rows") == 3 and value("jaxlab_kv_pages_held") == 0
+
+
+class OneTokenEngine:
+    """Hands each request two outputs: a token, then a finished one."""
+
+    def __init__(self):
+        self.requests, self.made = {}, []
+
+    @property
+    def has_work(self):
+        return bool(self.requests)
+
+    def add_request(self, request, request_id=None):
+        self.requests[request_id] = 0
+        return object()
+
+    def step(self):
+        out = []
+        for rid, n in list(self.requests.items()):
+            out.append(RequestOutput(rid, [7], "x", n == 1, "length" if n == 1 else None, total_tokens=n + 1))
+            self.requests[rid] = n + 1
+            if n == 1:
+                del self.requests[rid]
+        self.made += out
+        return out
+
+
+def test_the_worker_forwards_the_engines_outputs_as_they_are():
+    """The server gets the engine's own output records (no second record of a request's tokens, no re-slicing),
+    and the metrics see the tokens and the finish."""
+    finished = []
+
+    async def main():
+        engine = OneTokenEngine()
+        worker = EngineWorker(engine, on_finish=lambda p, reason: finished.append((p.tokens, reason))).start()
+        try:
+            out = worker.submit("a", req(1))
+            return [await asyncio.wait_for(out.get(), 5) for _ in range(2)], engine
+        finally:
+            worker.stop()
+
+    got, engine = asyncio.run(main())
+    assert len(got) == 2 and all(g is m for g, m in zip(got, engine.made))
+    assert finished == [(2, "length")]

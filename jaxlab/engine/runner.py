@@ -1,0 +1,233 @@
+"""The continuous engine's device side: parameters, the paged cache, compiled programs, and the arrays of a step.
+
+:class:`Runner` knows nothing of queues or admission (:mod:`~jaxlab.engine.scheduler` decides who runs) nor of
+text (:class:`~jaxlab.engine.continuous.Engine` turns tokens into outputs). Given the request records a step runs,
+it packs their tokens, positions, page tables, sampling rows, seeds and grammar masks into fixed shapes, runs the
+compiled program and returns each row's token, logprob and (when asked) top alternatives.
+
+Compiled shapes are fixed: the decode program takes ``slots`` rows of one token (or a smaller row bucket, with
+``decode_buckets``), the prefill program one row of ``chunk`` tokens, each for a few page-table widths
+(:attr:`Runner.widths`, a bucket of the longest row), greedy or sampling. :meth:`Runner.warmup` compiles them
+all; after it no mix of requests compiles anything (a test counts).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxlab.engine import paged
+from jaxlab.engine.grammar import allow_all
+from jaxlab.engine.model import Params
+from jaxlab.engine.paged import init_paged_cache
+from jaxlab.engine.plan import TOP_LOGPROBS, bucket
+from jaxlab.engine.programs import Programs
+from jaxlab.engine.sampling import SamplingParams, stack_rows
+from jaxlab.engine.steps import GREEDY, jit_rows
+from jaxlab.errors import InvalidRequestError
+
+PAGE_SIZE = 16  # positions per page
+CHUNK = 64  # prompt tokens per prefill call
+
+#: Decode row buckets (what vLLM's and SGLang's captured batch sizes are): with ``decode_buckets``, a step decodes the
+#: running sequences in the smallest of these (up to ``slots``) that holds them, instead of all ``slots`` rows
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def table_widths(context: int, page_size: int) -> tuple[int, ...]:
+    """Page-table widths in positions: one block (:data:`~jaxlab.engine.paged.BLOCK_TOKENS`), doubled up to
+    ``context`` (each a whole number of blocks and pages)."""
+    first = max(paged.BLOCK_TOKENS, page_size)
+    out, w = [], first
+    while w < context:
+        out.append(w)
+        w *= 2
+    out.append(-(-context // first) * first)
+    return tuple(out)
+
+
+def _row(tops, r: int):
+    """Row ``r`` of a step's (top logprobs, their ids), or None when the step did not compute them."""
+    return None if tops is None else (tops[0][r], tops[1][r])
+
+
+class Runner:
+    """Programs, page tables and sampling rows of the continuous engine (see the module's docstring).
+
+    A *row* is a request record (:class:`~jaxlab.engine.continuous.Stream`): the runner reads its ``seq`` (tokens,
+    pages, positions computed), ``request`` (seed, sampling, top logprobs) and ``matcher`` (its grammar), or None for
+    a free row. ``decode_buckets``: decode in the smallest row bucket (:data:`ROW_BUCKETS`) that holds the running
+    sequences, among those :meth:`warmup` found batch-invariant (:meth:`probe_buckets`)."""
+
+    def __init__(
+        self,
+        params: Params,
+        *,
+        slots: int,
+        page_size: int,
+        chunk: int,
+        context: int,
+        num_pages: int,
+        cache_dtype,
+        decode_buckets: bool = False,
+    ):
+        self.params, self.config = params, params.config
+        self.slots, self.page_size, self.chunk, self.context = slots, page_size, chunk, context
+        self.widths = table_widths(context, page_size)
+        self.cache_dtype = jnp.dtype(cache_dtype)
+        self.cache = init_paged_cache(self.config, num_pages, page_size, dtype=self.cache_dtype)
+        self.programs = Programs()
+        self.decode_buckets = decode_buckets
+        self.row_buckets: tuple[int, ...] = (slots,)  # the decode row counts in use (warmup() may add smaller ones)
+        self.bucket_probe: dict[int, bool] = {}  # bucket -> its probe row equalled the full step's (after warmup)
+        self.bucket_steps: dict[int, int] = {}  # bucket -> decode calls it ran
+        self.last_bucket: int | None = None  # the row bucket of the last decode call
+        self.mask_seconds = 0.0  # host time spent filling grammar masks (structured output)
+        self._free_masks: dict[int, jax.Array] = {}  # rows -> the all-ones grammar bitmask, on the device
+
+    # ---- the arrays of a step --------------------------------------------------------------------
+
+    def width(self, positions: int) -> int:
+        """The page-table width (positions) of a step whose longest row reaches ``positions``."""
+        for w in self.widths:
+            if positions <= w:
+                return w
+        raise InvalidRequestError(f"{positions} positions exceed the engine's context {self.context}")
+
+    def table(self, seqs: Sequence, width: int) -> np.ndarray:
+        per_row = width // self.page_size
+        table = np.zeros((len(seqs), per_row), np.int32)
+        for r, seq in enumerate(seqs):
+            if seq is not None:  # a row may already hold pages for a later chunk of this step: not read now
+                pages = seq.pages[:per_row]
+                table[r, : len(pages)] = pages
+        return table
+
+    def sampling(self, rows: Sequence):
+        params = [r.request.sampling if r is not None else SamplingParams() for r in rows]
+        if all(p.greedy for p in params):
+            return GREEDY, jnp.ones(len(params), bool)
+        return stack_rows(params)
+
+    def allowed(self, rows: Sequence):
+        """The step's grammar bitmask [rows, ceil(V/32)]: each constrained row's next tokens, all ones elsewhere
+        (kept on the device for a step of free rows, so it costs no transfer)."""
+        n = len(rows)
+        if not any(r is not None and r.matcher is not None for r in rows):
+            if n not in self._free_masks:
+                self._free_masks[n] = jax.device_put(allow_all(n, self.config.vocab_size))
+            return self._free_masks[n]
+        mask = allow_all(n, self.config.vocab_size)
+        t0 = time.perf_counter()
+        for i, r in enumerate(rows):
+            if r is not None and r.matcher is not None:
+                r.matcher.fill(mask[i])
+        self.mask_seconds += time.perf_counter() - t0
+        return jax.device_put(mask)
+
+    def run(self, name: str, rows: Sequence, tokens, positions, width: int):
+        """One compiled step over ``rows`` (records or None): -> (next token, its logprob, top alternatives or
+        None) per row, as NumPy arrays."""
+        samp, greedy_rows = self.sampling(rows)
+        cache = self.cache.with_table(self.table([r.seq if r is not None else None for r in rows], width))
+        seeds = np.asarray([r.request.seed if r is not None else 0 for r in rows], np.uint32)
+        # device_put, not jnp.asarray: converting a NumPy array with jnp.asarray compiles a small program per shape
+        tokens, positions, seeds = jax.device_put((tokens, positions, seeds))
+        args = (self.params, tokens, positions, cache, seeds, samp, greedy_rows, self.allowed(rows))
+        # a sampling step always returns the top logprobs: they cost nothing beside sampling's sort of the vocabulary
+        # (benchmarks/NOTES.md 12), and one program fewer per shape is to compile at warm-up
+        wanted = any(r is not None and r.request.top_logprobs for r in rows) or not samp.greedy
+        top = TOP_LOGPROBS if wanted else 0
+        fn, _ = self.programs.get(name, jit_rows, args, {"top": top} if top else None)
+        if top:
+            nxt, logp, (top_v, top_i), self.cache = fn(*args)
+            return np.asarray(nxt), np.asarray(logp), (np.asarray(top_v), np.asarray(top_i))
+        nxt, logp, self.cache = fn(*args)
+        return np.asarray(nxt), np.asarray(logp), None
+
+    def decode(self, rows: Sequence) -> list[tuple[int, float, tuple | None]]:
+        """One token for each record in ``rows`` (at most ``slots``), packed into the first rows of the smallest row
+        bucket that holds them (a row reads only its own pages, so which row a sequence takes does not matter):
+        -> (token, logprob, top alternatives or None) per record."""
+        size = bucket(len(rows), self.row_buckets)
+        self.bucket_steps[size] = self.bucket_steps.get(size, 0) + 1
+        self.last_bucket = size
+        padded = list(rows) + [None] * (size - len(rows))
+        tokens = np.zeros((size, 1), np.int32)
+        positions = np.full((size, 1), -1, np.int32)
+        for r, row in enumerate(rows):
+            tokens[r, 0] = row.seq.tokens[row.seq.computed]
+            positions[r, 0] = row.seq.computed
+        width = self.width(max(row.seq.computed + 1 for row in rows))
+        nxt, logp, tops = self.run("decode", padded, tokens, positions, width)
+        return [(int(nxt[r]), float(logp[r]), _row(tops, r)) for r in range(len(rows))]
+
+    def prefill(self, row, start: int, end: int) -> tuple[int, float, tuple | None]:
+        """Prompt positions ``[start, end)`` of one record, left-padded to one chunk (the last column is real): ->
+        the token after ``end``, its logprob and top alternatives (or None)."""
+        n = end - start
+        tokens = np.zeros((1, self.chunk), np.int32)
+        positions = np.full((1, self.chunk), -1, np.int32)
+        tokens[0, self.chunk - n :] = row.seq.prompt[start:end]
+        positions[0, self.chunk - n :] = np.arange(start, end)
+        nxt, logp, tops = self.run("prefill", [row], tokens, positions, self.width(end))
+        return int(nxt[0]), float(logp[0]), _row(tops, 0)
+
+    # ---- compiling ahead of time -----------------------------------------------------------------
+
+    def warmup(self, sampling: bool = False, top_logprobs: bool = False) -> float:
+        """Compile every program a step can need (decode and prefill, each page-table width; greedy, and greedy
+        returning top logprobs when asked; sampling, which always returns them, when asked); returns seconds spent
+        compiling."""
+        before = self.programs.compile_seconds_total
+        variants = [(SamplingParams(), 0)] + ([(SamplingParams(), TOP_LOGPROBS)] if top_logprobs else [])
+        variants += [(SamplingParams(temperature=1.0), TOP_LOGPROBS)] if sampling else []
+        candidates = self.candidate_buckets()
+        if len(candidates) > 1:  # the probe compiles each candidate once; only the kept ones get every variant
+            self.bucket_probe = self.probe_buckets(candidates)
+            self.row_buckets = tuple(b for b in candidates if self.bucket_probe[b])
+        shapes = [("decode", b, 1) for b in self.row_buckets] + [("prefill", 1, self.chunk)]
+        for sp, top in variants:
+            for width in self.widths:
+                for name, rows, t in shapes:
+                    samp, greedy_rows = GREEDY, jnp.ones(rows, bool)
+                    if not sp.greedy:
+                        samp, greedy_rows = stack_rows([sp] * rows)
+                    cache = self.cache.with_table(np.zeros((rows, width // self.page_size), np.int32))
+                    args = (
+                        self.params,
+                        jnp.zeros((rows, t), jnp.int32),
+                        jnp.full((rows, t), -1, jnp.int32),
+                        cache,
+                        jnp.zeros(rows, jnp.uint32),
+                        samp,
+                        greedy_rows,
+                        self.allowed([None] * rows),  # the free rows' mask, cached for the steps
+                    )
+                    fn, _ = self.programs.get(name, jit_rows, args, {"top": top} if top else None)
+                    *_, self.cache = fn(*args)  # all positions -1: writes go to the null page only
+        return self.programs.compile_seconds_total - before
+
+    def candidate_buckets(self) -> tuple[int, ...]:
+        """The decode row counts warm-up compiles: :data:`ROW_BUCKETS` below ``slots``, and ``slots``."""
+        if not self.decode_buckets:
+            return (self.slots,)
+        return tuple(b for b in ROW_BUCKETS if b < self.slots) + (self.slots,)
+
+    def probe_buckets(self, buckets: Sequence[int]) -> dict[int, bool]:
+        """Whether one probe row (token 1 at position 0, reading and writing only the null page) gets the same
+        token and the same log-probability, bit for bit, in each bucket as in the full ``slots``-row step: the
+        buckets a request may run in without its tokens depending on how many run beside it."""
+        out = {}
+        for b in buckets:
+            tokens = np.zeros((b, 1), np.int32)
+            positions = np.full((b, 1), -1, np.int32)
+            tokens[0, 0], positions[0, 0] = 1, 0
+            nxt, logp, _ = self.run("decode", [None] * b, tokens, positions, self.widths[0])
+            out[b] = (int(nxt[0]), logp[0].tobytes())
+        full = out[self.slots]
+        return {b: out[b] == full for b in buckets}
