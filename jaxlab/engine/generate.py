@@ -13,6 +13,8 @@ and :mod:`~jaxlab.engine.steps` (the jitted prefill and decode steps, the cache 
   without compiling (a test counts compilations to keep it so).
 * Sampling (greedy, temperature, top-k, top-p, min-p) runs inside the jitted step with an explicit PRNG
   key: the same seed gives the same tokens.
+* One host loop (:func:`host_loop`) for every batch generation: a :class:`Placement` says where the arrays live
+  and which programs step them (:class:`OneDevice` here; :class:`~jaxlab.engine.sharding.Sharded` on a mesh).
 * Stop on EOS (unless ``ignore_eos``) and on stop strings; optional log-probabilities of the chosen
   tokens (under the model's unscaled distribution); a streaming callback that receives text pieces
   which never split a UTF-8 character (:class:`TextStops`).
@@ -171,6 +173,104 @@ def start_request(
     return prompts, TextStops(len(prompts), tokenizer, cfg.eos_id, max_new_tokens, **options)
 
 
+class Placement:
+    """Where a generation's arrays live and which compiled programs step them: all that :func:`host_loop` needs.
+    :class:`OneDevice` is the single-device :class:`Generator`'s; :class:`~jaxlab.engine.sharding.Sharded` is one
+    for a mesh and a strategy. ``prefill`` and ``decode`` take host (NumPy) tokens and positions, or the previous
+    call's device tokens, and return (next tokens, what logprobs are read from, the cache, seconds compiling)."""
+
+    rows_multiple = 1  # the batch is padded (with copies of its first prompt) to a multiple of this
+
+    def init_cache(self, batch: int, length: int) -> KVCache:
+        raise NotImplementedError
+
+    def prefill(self, tokens, positions, cache: KVCache) -> tuple:
+        raise NotImplementedError
+
+    def decode(self, tokens, positions, cache: KVCache) -> tuple:
+        raise NotImplementedError
+
+    def host_tokens(self, nxt) -> np.ndarray:
+        """A step's next tokens -> [B] on the host."""
+        return np.asarray(nxt)
+
+    def host_logprobs(self, out, ids: np.ndarray) -> np.ndarray:
+        """The logprobs [B] of ``ids`` from what a step returned beside them."""
+        return np.asarray(out)
+
+    def prompt_done(self, out, rows: int) -> None:
+        """Called with the last prompt call's output and the number of real rows (a hook: Sharded keeps the
+        prompt logits for parity checks)."""
+
+
+def host_loop(
+    placement: Placement,
+    cfg,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    rows: TextStops,
+    shape: Plan,
+    *,
+    prefill: bool = True,
+) -> list[GenerationResult]:
+    """The one host loop of a batch generation (single device or a mesh): a cache, the prompt in bucketed chunks
+    (``prefill=False``: one decode call per prompt column), then one decode call per token until every row has
+    finished (``rows``: EOS, stop strings, streaming); timings separate compiling from running."""
+    batch = prompts + [prompts[0]] * (-len(prompts) % placement.rows_multiple)  # copies, dropped by ``rows``
+    lens = np.asarray([len(p) for p in batch], np.int32)
+    compile_s, t0 = 0.0, time.perf_counter()
+    cache = placement.init_cache(len(batch), shape.cache_len)
+    if prefill:
+        tokens, positions = left_pad(batch, cfg.pad_id, shape.padded)
+        calls = [(placement.prefill, slice(c, c + shape.chunk)) for c in range(0, shape.padded, shape.chunk)]
+    else:
+        tokens, positions = left_pad(batch, cfg.pad_id)  # no bucket: every column is a call
+        calls = [(placement.decode, c) for c in range(tokens.shape[1])]
+    for call, cols in calls:
+        nxt, out, cache, seconds = call(tokens[:, cols], positions[:, cols], cache)
+        compile_s += seconds
+    placement.prompt_done(out, len(prompts))
+    ids = placement.host_tokens(nxt)  # the host needs each token (EOS, stop strings, streaming)
+    t_prefill = time.perf_counter() - t0 - compile_s
+
+    t1, compile_before, pos = time.perf_counter(), compile_s, lens  # pos: where each row's next token goes
+    for step in range(max_new_tokens):
+        logp = placement.host_logprobs(out, ids) if rows.logprobs else [None] * len(ids)
+        for i in range(len(prompts)):
+            rows.push(i, int(ids[i]), logp[i])
+        if rows.done or step == max_new_tokens - 1:
+            break
+        nxt, out, cache, seconds = placement.decode(nxt, pos, cache)
+        compile_s += seconds
+        ids = placement.host_tokens(nxt)
+        pos = pos + 1
+    t_decode = time.perf_counter() - t1 - (compile_s - compile_before)
+    return rows.results(prompts, t_prefill, t_decode, compile_s)
+
+
+class OneDevice(Placement):
+    """The single-device placement: :class:`Generator`'s programs (sampling inside the step, an explicit key split
+    once for the prompt and once per decode step)."""
+
+    def __init__(self, gen: Generator, sampling: SamplingParams, key: jax.Array):
+        self.gen, self.samp = gen, sampling.state()
+        self.key, self.prompt_key = jax.random.split(key)
+
+    def init_cache(self, batch: int, length: int) -> KVCache:
+        return init_cache(self.gen.config, batch, length, self.gen.cache_dtype)
+
+    def prefill(self, tokens, positions, cache):
+        args = (self.gen.params, jnp.asarray(tokens), jnp.asarray(positions), cache, self.prompt_key, self.samp)
+        fn, seconds = self.gen.programs.get("prefill", jit_prefill, args)
+        return (*fn(*args), seconds)
+
+    def decode(self, tokens, positions, cache):
+        self.key, sub = jax.random.split(self.key)
+        args = (self.gen.params, tokens, jnp.asarray(positions), cache, sub, self.samp)
+        fn, seconds = self.gen.programs.get("decode", jit_decode, args)
+        return (*fn(*args), seconds)
+
+
 class Generator:
     """Compiles and runs prefill and decode for one set of parameters.
 
@@ -252,43 +352,8 @@ class Generator:
         )
         if key is None:
             key = jax.random.key(0 if seed is None else seed)
-
-        b = len(prompts)
         shape = self.plan([len(p) for p in prompts], cache_for or max_new_tokens)
-        tokens, positions = left_pad(prompts, cfg.pad_id, shape.padded)
-
-        compile_s = 0.0
-        t0 = time.perf_counter()
-        cache = init_cache(cfg, b, shape.cache_len, self.cache_dtype)
-        samp = sampling.state()
-        key, sub = jax.random.split(key)
-        for c in range(0, shape.padded, shape.chunk):
-            chunk = slice(c, c + shape.chunk)
-            args = (self.params, jnp.asarray(tokens[:, chunk]), jnp.asarray(positions[:, chunk]), cache, sub, samp)
-            fn, cs = self.programs.get("prefill", jit_prefill, args)
-            compile_s += cs
-            nxt, logp, cache = fn(*args)
-        nxt_host = np.asarray(nxt)
-        t_prefill = time.perf_counter() - t0 - compile_s
-
-        pos = np.asarray([len(p) for p in prompts], np.int32)
-        t1 = time.perf_counter()
-        compile_before = compile_s
-        for step in range(max_new_tokens):
-            logp_host = np.asarray(logp) if logprobs else [None] * b
-            for i in range(b):
-                rows.push(i, int(nxt_host[i]), logp_host[i])
-            if rows.done or step == max_new_tokens - 1:
-                break
-            key, sub = jax.random.split(key)
-            args = (self.params, nxt, jnp.asarray(pos), cache, sub, samp)
-            fn, cs = self.programs.get("decode", jit_decode, args)
-            compile_s += cs
-            nxt, logp, cache = fn(*args)
-            nxt_host = np.asarray(nxt)  # the host needs each token (EOS, stop strings, streaming)
-            pos = pos + 1
-        t_decode = time.perf_counter() - t1 - (compile_s - compile_before)
-        return rows.results(prompts, t_prefill, t_decode, compile_s)
+        return host_loop(OneDevice(self, sampling, key), cfg, prompts, max_new_tokens, rows, shape)
 
 
 def find_stop(text: str, stop: Sequence[str]) -> int | None:

@@ -15,10 +15,9 @@ The mesh and the logical-axis rules are in :mod:`jaxlab.engine.mesh`; a *strateg
   ``psum`` over ``model`` — the two all-reduces per layer made explicit); ``pmap`` (data parallel, the
   legacy API: one program per local device, a leading device axis). All three run the step toolkit's
   programs (:func:`~jaxlab.engine.steps.greedy_step`, :func:`~jaxlab.engine.steps.next_logits`), and
-  :class:`Sharded` plans, validates, caches compiled programs and stops rows like
-  :class:`~jaxlab.engine.generate.Generator` (:func:`~jaxlab.engine.plan.check_request`,
-  :func:`~jaxlab.engine.plan.plan`, :class:`~jaxlab.engine.programs.Programs`,
-  :class:`~jaxlab.engine.generate.TextStops`). Quantized parameters (:mod:`jaxlab.quant`) and the int8
+  :class:`Sharded` is a :class:`~jaxlab.engine.generate.Placement`: it says where rows, caches and programs live,
+  and the :class:`~jaxlab.engine.generate.Generator`'s own loop (:func:`~jaxlab.engine.generate.host_loop`: the
+  plan, the prompt chunks, one decode call per token, :class:`~jaxlab.engine.generate.TextStops`) runs it. Quantized parameters (:mod:`jaxlab.quant`) and the int8
   KV cache run unchanged: a quantized matrix is placed leaf by leaf (:func:`jaxlab.engine.mesh.value_specs`).
 * **Placement** (:mod:`jaxlab.engine.placement`): heads padded until ``model`` divides them
   (:func:`~jaxlab.engine.placement.pad_heads`), every parameter placed where its rules say, and the KV
@@ -39,7 +38,6 @@ code runs in one process or many (:mod:`jaxlab.distributed`): inputs are built w
 from __future__ import annotations
 
 import dataclasses
-import time
 from functools import partial
 from typing import Callable, Mapping, Sequence
 
@@ -50,8 +48,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxlab.engine.generate import GenerationResult, start_request
-from jaxlab.engine.kvcache import KVCache, init_cache, left_pad
+from jaxlab.engine.generate import GenerationResult, Placement, host_loop, start_request
+from jaxlab.engine.kvcache import KVCache, init_cache
 from jaxlab.engine.mesh import (
     ROW_AXES,
     STRATEGIES,
@@ -116,7 +114,7 @@ def greedy_prefill(params: Params, tokens, positions, cache: KVCache, **hooks):
 # --------------------------------------------------------------------------------------------------
 
 
-class Sharded:
+class Sharded(Placement):
     """A model placed on a mesh with one strategy: ``generate`` (greedy), ``generate_results``, ``logits``,
     ``prompt_logits``, ``decode_program``. ``config`` is the (padded) config the devices run.
 
@@ -338,37 +336,31 @@ class Sharded:
             on_text=on_text,
             logprobs=logprobs,
         )
-        batch = prompts + [prompts[0]] * (-len(prompts) % self.rows_multiple)  # copies, dropped below
-        lens = np.asarray([len(p) for p in batch], np.int32)
-        shape = plan(cfg, lens.tolist(), max_new_tokens)
-        compile_s, t0 = 0.0, time.perf_counter()
-        cache = self.init_cache(len(batch), shape.cache_len)
-        if prefill:
-            tokens, positions = left_pad(batch, cfg.pad_id, shape.padded)
-            calls = [("prefill", slice(c, c + shape.chunk)) for c in range(0, shape.padded, shape.chunk)]
-        else:
-            tokens, positions = left_pad(batch, cfg.pad_id)  # no bucket: every column is a call
-            calls = [("decode", c) for c in range(tokens.shape[1])]
-        for name, cols in calls:
-            args = (self.params, self.put_rows(tokens[:, cols]), self.put_rows(positions[:, cols]), cache)
-            (nxt, last, cache), seconds = self._call(name, args)
-            compile_s += seconds
-        self._prompt = (last, len(prompts))
-        t_prefill = time.perf_counter() - t0 - compile_s
+        shape = plan(cfg, [len(p) for p in prompts], max_new_tokens)
+        return host_loop(self, cfg, prompts, max_new_tokens, rows, shape, prefill=prefill)
 
-        t1, compile_before, pos = time.perf_counter(), compile_s, lens  # pos: where each row's next token goes
-        for step in range(max_new_tokens):
-            ids = self.host_rows(nxt)  # the host needs each token (EOS, stop strings, streaming)
-            logp = _token_logprobs(self.host_rows(last), ids) if logprobs else [None] * len(ids)
-            for i in range(len(prompts)):
-                rows.push(i, int(ids[i]), logp[i])
-            if rows.done or step == max_new_tokens - 1:
-                break
-            (nxt, last, cache), seconds = self._call("decode", (self.params, nxt, self.put_rows(pos), cache))
-            compile_s += seconds
-            pos = pos + 1
-        t_decode = time.perf_counter() - t1 - (compile_s - compile_before)
-        return rows.results(prompts, t_prefill, t_decode, compile_s)
+    # the placement host_loop steps (the Generator's loop, on this mesh)
+
+    def prefill(self, tokens, positions, cache: KVCache):
+        (nxt, last, cache), seconds = self._call(
+            "prefill", (self.params, self.put_rows(tokens), self.put_rows(positions), cache)
+        )
+        return nxt, last, cache, seconds
+
+    def decode(self, tokens, positions, cache: KVCache):
+        if isinstance(tokens, np.ndarray):  # a prompt column (prefill=False); else the last step's tokens, in place
+            tokens = self.put_rows(tokens)
+        (nxt, last, cache), seconds = self._call("decode", (self.params, tokens, self.put_rows(positions), cache))
+        return nxt, last, cache, seconds
+
+    def host_tokens(self, nxt) -> np.ndarray:
+        return self.host_rows(nxt)
+
+    def host_logprobs(self, last, ids: np.ndarray) -> np.ndarray:
+        return _token_logprobs(self.host_rows(last), ids)
+
+    def prompt_done(self, last, rows: int) -> None:
+        self._prompt = (last, rows)
 
     def generate(
         self,
