@@ -26,6 +26,16 @@ of ``chunk`` whatever else runs; a preempted request is recomputed the way it wa
 So a request's tokens do not depend on which requests run beside it (a property test checks it over random
 arrivals, lengths and preemptions).
 
+**Speculative decoding** (``speculative=k``): a greedy request (no grammar, no top logprobs) carries up to ``k``
+drafts of its own each step, prompt lookup's proposal from its own tokens
+(:func:`~jaxlab.engine.speculative.ngram_propose`), in a decode program of ``1 + k`` tokens per row
+(:func:`~jaxlab.engine.steps.rows_verify_step`); it keeps the drafts that equal the model's greedy choices plus
+the model's next token, so **each row advances by its own accepted count** (the lockstep
+:class:`~jaxlab.engine.speculative.SpeculativeDecoder` moves a batch by its worst row's), and its tokens are plain
+greedy's. Drafts only take free pages (a draft preempts nobody); rejected positions are overwritten later and never
+read (a query reads positions up to its own). Sampling and constrained rows carry none and are chosen as before;
+a preempted request replays its known tokens as drafts, all kept.
+
 **Structured output.** A request may carry a grammar (:class:`~jaxlab.engine.grammar.Constraint`: a JSON schema,
 a regex, a list of choices); its matcher lives here on the host, fills the request's row of the step's bitmask
 before each step and advances by the token it got after. Free rows pass all ones, so the same programs serve
@@ -51,7 +61,13 @@ from jaxlab.engine.plan import GenerationRequest, check_generation
 from jaxlab.engine.runner import CHUNK, PAGE_SIZE, Runner, table_widths
 from jaxlab.engine.sampling import SamplingParams
 from jaxlab.engine.scheduler import Scheduler, Seq
+from jaxlab.engine.speculative import ngram_propose
 from jaxlab.errors import InvalidRequestError
+
+MAX_DRAFTS = 16  # the most draft tokens a row may carry (speculative)
+#: prompt lookup's n-grams, longest first (the speculative decoder's defaults: a single recurring token predicts
+#: little)
+NGRAMS = (3, 2)
 
 
 @dataclass
@@ -128,6 +144,15 @@ class Stream:
         )
 
 
+def accepted(drafts: Sequence[int], out: Sequence[int]) -> int:
+    """How many of a row's drafts the model agreed with: the longest prefix where each draft equals the model's
+    greedy token after the tokens before it (``out[j]``: its token after column ``j``)."""
+    n = 0
+    while n < len(drafts) and drafts[n] == out[n]:
+        n += 1
+    return n
+
+
 class Engine:
     """Continuous batching over a paged KV cache (see the module's docstring).
 
@@ -144,6 +169,8 @@ class Engine:
     and preemption makes room. ``token_budget``: tokens computed per step (decode tokens plus prompt chunks; default
     ``max_running + 2*chunk``); ``prefix_reuse``: read full prompt pages of an identical prefix instead of computing
     them.
+
+    ``speculative``: draft tokens per greedy row and step, 0..16 (module docstring; 0: off).
 
     ``decode_buckets``: decode in the smallest row bucket (:data:`~jaxlab.engine.runner.ROW_BUCKETS`) that holds the
     running sequences, so one request does not pay for ``slots`` rows. A backend's matmul may compute a row
@@ -170,6 +197,7 @@ class Engine:
         kv_tokens: int | None = None,
         kv_bytes: int | None = None,
         watermark: float | None = 0.01,
+        speculative: int = 0,
     ):
         cfg = params.config
         self.params, self.tokenizer, self.config = params, tokenizer, cfg
@@ -179,6 +207,8 @@ class Engine:
         max_running = slots if max_running is None else max_running
         if slots < 1 or page_size < 1 or chunk < 1 or max_running < 1:
             raise InvalidRequestError("slots, max_running, page_size and chunk must be >= 1")
+        if isinstance(speculative, bool) or not isinstance(speculative, int) or not 0 <= speculative <= MAX_DRAFTS:
+            raise InvalidRequestError(f"speculative is the draft tokens per row, 0..{MAX_DRAFTS}, got {speculative!r}")
         if sum(x is not None for x in (num_pages, kv_tokens, kv_bytes)) > 1:
             raise InvalidRequestError("give the KV budget once: kv_tokens (positions), kv_bytes or num_pages")
         self.slots, self.max_running, self.page_size, self.chunk = slots, max_running, page_size, chunk
@@ -207,6 +237,7 @@ class Engine:
             num_pages=num_pages,
             cache_dtype=self.cache_dtype,
             decode_buckets=decode_buckets,
+            speculative=speculative,
         )
         self.pool = PagePool(num_pages, page_size)
         self.scheduler = Scheduler(
@@ -225,6 +256,9 @@ class Engine:
         self.fill_samples: list[float] = []  # stored / pages held, at the same steps
         self.advance_seconds = 0.0  # host time spent advancing grammars by the tokens they got
         self.most_running = 0  # the most sequences that ran in one step
+        self.speculative = speculative
+        self.drafted = self.accepted = 0  # draft tokens proposed and kept (speculative)
+        self.row_calls = 0  # decode rows run (one per running sequence per step)
 
     @property
     def programs(self):
@@ -345,49 +379,75 @@ class Engine:
         for at in range(0, len(plan.decode), self.slots):  # more running than rows: calls of at most `slots` rows
             seqs = plan.decode[at : at + self.slots]
             rows = [self.requests[seq.id] for seq in seqs]
-            for stream, got in zip(rows, self.runner.decode(rows)):
-                replay = stream.seq.replay
-                self.scheduler.computed(stream.seq, stream.seq.computed + 1)
+            drafts = [self._drafts(r) for r in rows] if self.speculative else None
+            for i, (stream, (out, logp, top)) in enumerate(zip(rows, self.runner.decode(rows, drafts))):
+                seq, ahead = stream.seq, drafts[i] if drafts else []
+                replay = seq.replay
+                kept = len(ahead) if replay else accepted(ahead, out)  # a replay's drafts are its own known tokens
+                self.scheduler.computed(seq, seq.computed + 1 + kept)
+                self.row_calls += 1
                 if not replay:
-                    outputs += self._emit(stream, *got)
+                    self.drafted, self.accepted = self.drafted + len(ahead), self.accepted + kept
+                    outputs += self._emit(stream, out[: kept + 1], logp[: kept + 1], top)
         for ch in plan.chunks:
             stream = self.requests.get(ch.seq.id)
             if stream is None or ch.seq.done:
                 continue
-            got = self.runner.prefill(stream, ch.start, ch.end)
+            token, logp, top = self.runner.prefill(stream, ch.start, ch.end)
             self.scheduler.computed(ch.seq, ch.end)
             if ch.last and not ch.seq.generated:
-                outputs += self._emit(stream, *got)
+                outputs += self._emit(stream, [token], [logp], top)
         if self.scheduler.waiting:
             self.kv_samples.append(self.scheduler.kv_use())
             self.fill_samples.append(self.scheduler.page_fill())
         return outputs
 
-    def _emit(self, stream: Stream, token: int, logp: float, top=None) -> list[RequestOutput]:
+    def _drafts(self, stream: Stream) -> list[int]:
+        """The tokens ``stream`` carries after its last one in this step (speculative): replaying after a preemption,
+        the known tokens it must feed again; a greedy request with no grammar and no top logprobs, prompt lookup's
+        proposal (:func:`~jaxlab.engine.speculative.ngram_propose`); none otherwise. Never past its new tokens or
+        the context, and only as far as the pages it holds, or free ones, reach (drafting preempts nobody)."""
+        seq, req = stream.seq, stream.request
+        c = seq.computed
+        if seq.replay:
+            ahead = seq.tokens[c + 1 : min(len(seq.tokens) - 1, c + 1 + self.speculative)]
+        elif not req.sampling.greedy or stream.matcher is not None or req.top_logprobs:
+            return []
+        else:
+            room = min(self.speculative, req.max_new_tokens - len(seq.generated) - 1, self.context - c - 1)
+            ahead = (ngram_propose(seq.tokens, room, *NGRAMS) or []) if room > 0 else []
+        if not ahead:
+            return []
+        return ahead[: self.scheduler.reserve(seq, c + 1 + len(ahead)) - c - 1]
+
+    def _emit(self, stream: Stream, tokens: Sequence[int], logps: Sequence[float], top=None) -> list[RequestOutput]:
+        """Hand ``stream`` the tokens it got in this step (one, or a speculative run; ``top``: the first one's
+        alternatives) until it finishes; -> its output."""
         seq = stream.seq
         if stream.first_token_at is None:
             stream.first_token_at = time.perf_counter()
-        seq.generated.append(token)
         before = len(stream.text)
-        if stream.matcher is not None:
-            t0 = time.perf_counter()
-            kept = stream.matcher.advance(token)
-            self.advance_seconds += time.perf_counter() - t0
-            if not kept:  # the mask forbade it: a bug of ours. End this request (its text so far), not the engine
+        for j, (token, logp) in enumerate(zip(tokens, logps)):
+            seq.generated.append(token)
+            if stream.matcher is not None:
+                t0 = time.perf_counter()
+                kept = stream.matcher.advance(token)
+                self.advance_seconds += time.perf_counter() - t0
+                if not kept:  # the mask forbade it: a bug of ours. End this request (its text so far), not the engine
+                    self.scheduler.finish(seq)
+                    self.requests.pop(seq.id, None)
+                    return [self._close(stream, "stop", before)]
+            kept_before = len(stream.token_ids)
+            going = stream.stops.push(0, token, logp)
+            if j == 0 and len(stream.token_ids) > kept_before and stream.top_logprobs is not None and top is not None:
+                values, ids = top
+                n = stream.request.top_logprobs
+                stream.top_logprobs.append([(int(i), float(v)) for i, v in zip(ids[:n], values[:n])])
+            if not going:
                 self.scheduler.finish(seq)
                 self.requests.pop(seq.id, None)
-                return [self._close(stream, "stop", before)]
-        kept_before = len(stream.token_ids)
-        going = stream.stops.push(0, token, logp)
-        if len(stream.token_ids) > kept_before and stream.top_logprobs is not None and top is not None:
-            values, ids = top
-            n = stream.request.top_logprobs
-            stream.top_logprobs.append([(int(i), float(v)) for i, v in zip(ids[:n], values[:n])])
-        if going:
-            return [self._output(stream, before)]
-        self.scheduler.finish(seq)
-        self.requests.pop(seq.id, None)
-        return [self._close(stream, stream.stops.finish[0] or "length", before)]
+                return [self._close(stream, stream.stops.finish[0] or "length", before)]
+        return [self._output(stream, before)]
 
     def _close(self, stream: Stream, reason: str, before: int | None = None) -> RequestOutput:
         if before is None:

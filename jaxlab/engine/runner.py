@@ -6,7 +6,8 @@ it packs their tokens, positions, page tables, sampling rows, seeds and grammar 
 compiled program and returns each row's token, logprob and (when asked) top alternatives.
 
 Compiled shapes are fixed: the decode program takes ``slots`` rows of one token (or a smaller row bucket, with
-``decode_buckets``), the prefill program one row of ``chunk`` tokens, each for a few page-table widths
+``decode_buckets``; with ``speculative=k``, one token and up to ``k`` drafts per row: the verify program), the
+prefill program one row of ``chunk`` tokens, each for a few page-table widths
 (:attr:`Runner.widths`, a bucket of the longest row), greedy or sampling. :meth:`Runner.warmup` compiles them
 all; after it no mix of requests compiles anything (a test counts).
 """
@@ -27,7 +28,7 @@ from jaxlab.engine.paged import init_paged_cache
 from jaxlab.engine.plan import TOP_LOGPROBS, bucket
 from jaxlab.engine.programs import Programs
 from jaxlab.engine.sampling import SamplingParams, stack_rows
-from jaxlab.engine.steps import GREEDY, jit_rows
+from jaxlab.engine.steps import GREEDY, jit_rows, jit_rows_verify
 from jaxlab.errors import InvalidRequestError
 
 PAGE_SIZE = 16  # positions per page
@@ -55,6 +56,10 @@ def _row(tops, r: int):
     return None if tops is None else (tops[0][r], tops[1][r])
 
 
+#: the step each program name runs: one token per decode row, or one token then its drafts (speculative)
+PROGRAMS = {"decode": jit_rows, "prefill": jit_rows, "verify": jit_rows_verify}
+
+
 class Runner:
     """Programs, page tables and sampling rows of the continuous engine (see the module's docstring).
 
@@ -74,8 +79,10 @@ class Runner:
         num_pages: int,
         cache_dtype,
         decode_buckets: bool = False,
+        speculative: int = 0,
     ):
         self.params, self.config = params, params.config
+        self.k = speculative  # draft tokens a decode row may carry (0: plain decode)
         self.slots, self.page_size, self.chunk, self.context = slots, page_size, chunk, context
         self.widths = table_widths(context, page_size)
         self.cache_dtype = jnp.dtype(cache_dtype)
@@ -142,29 +149,42 @@ class Runner:
         # (benchmarks/NOTES.md 12), and one program fewer per shape is to compile at warm-up
         wanted = any(r is not None and r.request.top_logprobs for r in rows) or not samp.greedy
         top = TOP_LOGPROBS if wanted else 0
-        fn, _ = self.programs.get(name, jit_rows, args, {"top": top} if top else None)
+        fn, _ = self.programs.get(name, PROGRAMS[name], args, {"top": top} if top else None)
         if top:
             nxt, logp, (top_v, top_i), self.cache = fn(*args)
             return np.asarray(nxt), np.asarray(logp), (np.asarray(top_v), np.asarray(top_i))
         nxt, logp, self.cache = fn(*args)
         return np.asarray(nxt), np.asarray(logp), None
 
-    def decode(self, rows: Sequence) -> list[tuple[int, float, tuple | None]]:
-        """One token for each record in ``rows`` (at most ``slots``), packed into the first rows of the smallest row
-        bucket that holds them (a row reads only its own pages, so which row a sequence takes does not matter):
-        -> (token, logprob, top alternatives or None) per record."""
+    @property
+    def decode_program(self) -> tuple[str, int]:
+        """(program name, tokens per row) of a decode call: one token, or with drafts one token and ``k`` drafts."""
+        return ("verify", 1 + self.k) if self.k else ("decode", 1)
+
+    def decode(self, rows: Sequence, drafts: Sequence[Sequence[int]] | None = None) -> list[tuple]:
+        """One step for each record in ``rows`` (at most ``slots``), packed into the first rows of the smallest row
+        bucket that holds them (a row reads only its own pages, so which row a sequence takes does not matter).
+        With ``k`` drafts a row also carries its own ``drafts`` (up to ``k`` tokens after its last; its pages must
+        hold them). -> per record (the model's tokens after its last token and after each draft, their logprobs,
+        the top alternatives of the first or None): one token each without drafts."""
         size = bucket(len(rows), self.row_buckets)
         self.bucket_steps[size] = self.bucket_steps.get(size, 0) + 1
         self.last_bucket = size
         padded = list(rows) + [None] * (size - len(rows))
-        tokens = np.zeros((size, 1), np.int32)
-        positions = np.full((size, 1), -1, np.int32)
+        name, t = self.decode_program
+        tokens = np.zeros((size, t), np.int32)
+        positions = np.full((size, t), -1, np.int32)
+        reach = 0
         for r, row in enumerate(rows):
-            tokens[r, 0] = row.seq.tokens[row.seq.computed]
-            positions[r, 0] = row.seq.computed
-        width = self.width(max(row.seq.computed + 1 for row in rows))
-        nxt, logp, tops = self.run("decode", padded, tokens, positions, width)
-        return [(int(nxt[r]), float(logp[r]), _row(tops, r)) for r in range(len(rows))]
+            c = row.seq.computed
+            ahead = list(drafts[r]) if drafts is not None else []
+            tokens[r, : 1 + len(ahead)] = [row.seq.tokens[c], *ahead]
+            positions[r, : 1 + len(ahead)] = np.arange(c, c + 1 + len(ahead))
+            reach = max(reach, c + 1 + len(ahead))
+        out, logp, tops = self.run(name, padded, tokens, positions, self.width(reach))
+        if out.ndim == 1:
+            out, logp = out[:, None], logp[:, None]
+        return [(out[r].tolist(), logp[r].tolist(), _row(tops, r)) for r in range(len(rows))]
 
     def prefill(self, row, start: int, end: int) -> tuple[int, float, tuple | None]:
         """Prompt positions ``[start, end)`` of one record, left-padded to one chunk (the last column is real): ->
@@ -190,7 +210,8 @@ class Runner:
         if len(candidates) > 1:  # the probe compiles each candidate once; only the kept ones get every variant
             self.bucket_probe = self.probe_buckets(candidates)
             self.row_buckets = tuple(b for b in candidates if self.bucket_probe[b])
-        shapes = [("decode", b, 1) for b in self.row_buckets] + [("prefill", 1, self.chunk)]
+        name, t = self.decode_program
+        shapes = [(name, b, t) for b in self.row_buckets] + [("prefill", 1, self.chunk)]
         for sp, top in variants:
             for width in self.widths:
                 for name, rows, t in shapes:
@@ -208,7 +229,7 @@ class Runner:
                         greedy_rows,
                         self.allowed([None] * rows),  # the free rows' mask, cached for the steps
                     )
-                    fn, _ = self.programs.get(name, jit_rows, args, {"top": top} if top else None)
+                    fn, _ = self.programs.get(name, PROGRAMS[name], args, {"top": top} if top else None)
                     *_, self.cache = fn(*args)  # all positions -1: writes go to the null page only
         return self.programs.compile_seconds_total - before
 
@@ -223,11 +244,12 @@ class Runner:
         token and the same log-probability, bit for bit, in each bucket as in the full ``slots``-row step: the
         buckets a request may run in without its tokens depending on how many run beside it."""
         out = {}
+        name, t = self.decode_program
         for b in buckets:
-            tokens = np.zeros((b, 1), np.int32)
-            positions = np.full((b, 1), -1, np.int32)
+            tokens = np.zeros((b, t), np.int32)
+            positions = np.full((b, t), -1, np.int32)
             tokens[0, 0], positions[0, 0] = 1, 0
-            nxt, logp, _ = self.run("decode", [None] * b, tokens, positions, self.widths[0])
-            out[b] = (int(nxt[0]), logp[0].tobytes())
+            nxt, logp, _ = self.run(name, [None] * b, tokens, positions, self.widths[0])
+            out[b] = (nxt[0].tobytes(), logp[0].tobytes())
         full = out[self.slots]
         return {b: out[b] == full for b in buckets}

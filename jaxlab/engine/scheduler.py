@@ -243,6 +243,17 @@ class Scheduler:
             seq.pages.append(page)
         return True
 
+    def reserve(self, seq: Seq, end: int) -> int:
+        """Take free pages until ``seq`` can hold positions [0, end), preempting nobody (speculative drafts: a row
+        carries only the drafts its pages reach); -> the end it can hold, at most ``end``."""
+        need = -(-end // self.pool.page_size)
+        while len(seq.pages) < need:
+            page = self.pool.allocate()
+            if page is None:
+                break
+            seq.pages.append(page)
+        return min(end, len(seq.pages) * self.pool.page_size)
+
     def schedule(self) -> StepPlan:
         self._admit()
         self._preempted = []

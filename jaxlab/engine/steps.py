@@ -101,6 +101,28 @@ def rows_step(
     return nxt, logp, cache
 
 
+def rows_verify_step(
+    params: Params, tokens, positions, cache, seeds, sampling: Sampling, greedy_rows, allowed, top: int = 0, **hooks
+):
+    """:func:`rows_step` with drafts (speculative decoding on the continuous engine): tokens, positions [B, 1+k],
+    each row's last token in column 0 then its own drafts (positions -1 after them: padding, an idle row) -> (the
+    model's token after each column [B, 1+k], their logprobs [B, 1+k], cache); with ``top`` > 0 also column 0's
+    alternatives, as :func:`rows_step`.
+
+    Column 0 is chosen as :func:`rows_step` chooses (the row's own key at its position, its settings, its grammar
+    mask); the other columns greedily, for the host to keep the drafts that equal them (a row's accepted run is
+    its own: each row advances by its own count)."""
+    logits, cache = forward(params, tokens, positions, cache, **hooks)  # [B, 1+k, V]
+    keys = jax.vmap(lambda s, p: jax.random.fold_in(jax.random.key(s), p))(seeds, positions[:, 0])
+    first = sample_rows(mask_logits(logits[:, 0], allowed), keys, sampling, greedy_rows)
+    out = jnp.argmax(logits, axis=-1).astype(jnp.int32).at[:, 0].set(first)
+    all_logp = jax.nn.log_softmax(logits, axis=-1)
+    logp = jnp.take_along_axis(all_logp, out[..., None], axis=-1)[..., 0]
+    if top:
+        return out, logp, jax.lax.top_k(all_logp[:, 0], top), cache
+    return out, logp, cache
+
+
 #: accept(logits [B, k+1, V], drafts [B, k], q [B, k, V] or None, key, sampling) -> (tokens [B, k+1], kept [B])
 AcceptRule = Callable
 
@@ -156,4 +178,5 @@ jit_prefill = jax.jit(prefill_step, donate_argnums=(3,), static_argnames=HOOKS)
 jit_decode = jax.jit(decode_step, donate_argnums=(3,), static_argnames=HOOKS)
 jit_verify = jax.jit(verify_step, donate_argnums=(3,), static_argnames=("accept", *HOOKS))
 jit_rows = jax.jit(rows_step, donate_argnums=(3,), static_argnames=("top", *HOOKS))
+jit_rows_verify = jax.jit(rows_verify_step, donate_argnums=(3,), static_argnames=("top", *HOOKS))
 jit_draft = jax.jit(draft_step, donate_argnums=(4,), static_argnames=("k", *HOOKS))

@@ -63,13 +63,16 @@ def random_mix(rng, n):
     return out
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_batch_invariance_under_random_arrivals_and_preemptions(tiny_params, seed):
+@pytest.mark.parametrize("seed, speculative", [(0, 0), (1, 0), (2, 0), (0, 3)])
+def test_batch_invariance_under_random_arrivals_and_preemptions(tiny_params, seed, speculative):
     """Each request's tokens through a crowded engine (arrivals at random steps, a pool small enough to
-    preempt) equal its tokens alone through the same kind of engine; greedy and sampled requests mixed."""
+    preempt) equal its tokens alone through the same kind of engine; greedy and sampled requests mixed. With
+    ``speculative`` drafts (prompt lookup; a preempted request replays its tokens as drafts) they equal plain
+    decoding's alone."""
     rng = random.Random(seed)
     mix = random_mix(rng, 9)
-    eng = tiny_engine(tiny_params, num_pages=1 + 12)  # 12 pages of 4: three long requests do not fit at once
+    # 12 pages of 4: three long requests do not fit at once
+    eng = tiny_engine(tiny_params, num_pages=1 + 12, speculative=speculative)
     streams, step = {}, 0
     pending = sorted(mix, key=lambda m: m[0])
     while pending or eng.has_work:
@@ -80,6 +83,7 @@ def test_batch_invariance_under_random_arrivals_and_preemptions(tiny_params, see
         step += 1
         assert step < 3000
     assert eng.scheduler.preemptions > 0, "the mix was meant to preempt"
+    assert not speculative or eng.accepted > 0, "the drafts were meant to be kept"
     for _, prompt, n, sp, i in mix:
         assert streams[i].token_ids == alone(tiny_params, prompt, n, sp, seed=i), f"request {i}"
         assert len(streams[i].token_ids) == n and streams[i].finish_reason == "length"
@@ -143,11 +147,12 @@ def test_no_compilation_after_warmup_under_any_mix(tiny_params):
     assert cc.count == 0, cc.names
 
 
-def test_decode_buckets_keep_batch_invariance_and_compile_nothing_after_warmup(tiny_params):
+@pytest.mark.parametrize("speculative", [0, 3])
+def test_decode_buckets_keep_batch_invariance_and_compile_nothing_after_warmup(tiny_params, speculative):
     """With decode buckets, warm-up probes each row bucket and keeps those whose probe row equals the full step's
     bit for bit; requests then decode in the smallest kept bucket that holds them, their tokens those of the same
-    requests alone, and no mix compiles anything."""
-    eng = tiny_engine(tiny_params, slots=4, decode_buckets=True)
+    requests alone, and no mix compiles anything; with speculative drafts too (the probe runs the verify step)."""
+    eng = tiny_engine(tiny_params, slots=4, decode_buckets=True, speculative=speculative)
     eng.warmup(sampling=True)
     assert set(eng.runner.bucket_probe) == {1, 2, 4} and eng.runner.bucket_probe[4]
     assert eng.runner.row_buckets == tuple(b for b in (1, 2, 4) if eng.runner.bucket_probe[b])
@@ -162,6 +167,7 @@ def test_decode_buckets_keep_batch_invariance_and_compile_nothing_after_warmup(t
         assert min(eng.runner.bucket_steps) < 4, eng.runner.bucket_steps
     for _, prompt, n, sp, i in mix:
         assert streams[i].token_ids == alone(tiny_params, prompt, n, sp, seed=i), f"request {i}"
+    assert not speculative or eng.accepted > 0
 
 
 def test_a_bucket_whose_probe_differs_is_not_used(tiny_params, monkeypatch):
@@ -231,6 +237,21 @@ def test_real_model_greedy_tokens_equal_the_generator(engine, generator, smollm)
     assert cc.count == 0
     for w, g in zip(want, got):
         assert g.generated_ids == w.generated_ids and g.text == w.text
+
+
+def test_real_model_speculative_engine_gives_the_generators_greedy_tokens(generator, smollm):
+    """Speculative decoding on the engine with the real model: a copy-heavy prompt and an open-ended one in one
+    batch, each row its own accepted run; the tokens are plain greedy's (the Generator's), in fewer row-calls."""
+    from jaxlab.bench.speculative import PARAGRAPH
+    from jaxlab.io.tokenizer import prompt_ids
+
+    tok = smollm.tokenizer
+    prompts = [prompt_ids(tok, f"Repeat this text exactly: {PARAGRAPH}"), tok.encode("Once upon a time, in a land")]
+    want = [r.generated_ids for r in generator.generate(prompts, max_new_tokens=24, ignore_eos=True)]
+    eng = Engine(smollm.params, tok, slots=2, page_size=16, chunk=64, context=256, speculative=4)
+    got = [r.generated_ids for r in eng.generate(prompts, 24, ignore_eos=True)]
+    assert got == want
+    assert eng.accepted > 10 and eng.row_calls < 2 * 23
 
 
 def test_pallas_attention_gives_the_same_tokens_with_no_compile_after_warmup(small_model):
@@ -372,3 +393,28 @@ def test_step_outputs_add_up_to_the_record_and_are_detokenized_once(tiny_params)
     assert sum((o.token_texts for o in outs), []) == [tok.decode([t]) for t in asked.token_ids]
     tops = sum((o.top for o in outs), [])
     assert tops == [[(tok.decode([i]), v) for i, v in alts] for alts in asked.top_logprobs] and len(tops[0]) == 2
+
+
+SPEC_PROMPTS = [[1] + [5, 6, 7, 8] * 6, [1, 9, 10, 11, 9, 10, 11, 9, 10], [1, 44, 45], [1, 70, 71, 72, 70, 71]]
+
+
+def test_speculative_rows_keep_their_own_runs_and_give_plain_greedys_tokens(tiny_params):
+    """Speculative decoding on the engine (prompt lookup, ``speculative=k``): each row carries its own drafts and
+    advances by its own accepted count in the same step; every request's tokens equal plain greedy's, in fewer
+    decode rows; a sampling row beside them is unchanged (it carries no drafts)."""
+    plain = tiny_engine(tiny_params, ALONE_PROGRAMS, slots=4)
+    want = [r.generated_ids for r in plain.generate(SPEC_PROMPTS, 20, ignore_eos=True)]
+    sp = SamplingParams(temperature=0.8)
+    want_sampled = alone(tiny_params, [1, 3, 4], 10, sp, seed=5, slots=4)
+    eng = tiny_engine(tiny_params, slots=4, max_running=5, speculative=4)
+    streams = [eng.add_request(p, max_new_tokens=20, ignore_eos=True) for p in SPEC_PROMPTS]
+    sampled = eng.add_request([1, 3, 4], sp, max_new_tokens=10, seed=5, ignore_eos=True)
+    advances = []
+    while eng.has_work:
+        before = [len(s.token_ids) for s in streams]
+        eng.step()
+        advances.append([len(s.token_ids) - b for s, b in zip(streams, before)])
+    assert [s.token_ids for s in streams] == want and sampled.token_ids == want_sampled
+    assert eng.accepted > 0 and eng.row_calls < plain.row_calls
+    assert any(len({a for a in step if a}) > 1 for step in advances), "no step advanced rows by different counts"
+    assert max(max(step) for step in advances) > 1
