@@ -147,6 +147,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--context", type=int, default=CHAT_CONTEXT, metavar="N", help=f"positions per request (default {CHAT_CONTEXT})"
     )
     s.add_argument(
+        "--speculative",
+        choices=("ngram",),
+        default=None,
+        help="speculative decoding on the engine: each greedy request carries its own prompt-lookup drafts per step",
+    )
+    s.add_argument("--draft-k", type=int, default=4, metavar="K", help="draft tokens per request and step (default 4)")
+    s.add_argument(
         "--api-key",
         default=os.environ.get("JAXLAB_API_KEY"),
         metavar="KEY",
@@ -537,6 +544,7 @@ def cmd_serve(args):
         kv_tokens=args.kv_tokens,
         kv_memory=args.kv_memory,
         context=args.context,
+        speculative=args.draft_k if args.speculative else 0,
         host=args.host,
         port=args.port,
         allowed_hosts=tuple(h for h in args.allowed_hosts.split(",") if h.strip()),
@@ -559,6 +567,11 @@ def cmd_serve(args):
         f"{engine.max_running} requests in {engine.pool.capacity * engine.page_size} KV positions; decode row "
         f"buckets {', '.join(map(str, engine.runner.row_buckets))}"
         + (f" ({', '.join(dropped)} left out: this backend computed a row differently there)" if dropped else "")
+        + (
+            f"; up to {engine.speculative} prompt-lookup drafts per greedy request and step"
+            if engine.speculative
+            else ""
+        )
         + "\n"
     )
     return serve(engine, options)

@@ -26,9 +26,10 @@ __all__ = ["BackgroundServer", "ServeOptions", "build_app", "engine_for", "serve
 
 def engine_for(params, tokenizer, options: ServeOptions, cache_dtype=None):
     """The continuous-batching engine ``jaxlab serve`` runs: decode calls of at most ``--max-batch`` rows in row
-    buckets, up to ``--max-running`` requests at once, admitted by the KV memory: ``--kv-tokens`` positions, or
-    ``--kv-memory`` of the memory free now (:func:`jaxlab.tools.hardware.free_memory_bytes`), or by default
-    ``--max-batch`` x ``--context`` (the pool a fixed-slot server had)."""
+        buckets, up to ``--max-running`` requests at once, admitted by the KV memory: ``--kv-tokens`` positions, or
+        ``--kv-memory`` of the memory free now (:func:`jaxlab.tools.hardware.free_memory_bytes`), or by default
+        ``--max-batch`` x ``--context`` (the pool a fixed-slot server had). ``--speculative ngram``: each greedy request
+    carries up to ``--draft-k`` prompt-lookup drafts per step."""
     from jaxlab.engine.continuous import Engine
     from jaxlab.errors import JaxlabError
     from jaxlab.tools import hardware
@@ -48,6 +49,7 @@ def engine_for(params, tokenizer, options: ServeOptions, cache_dtype=None):
         context=context,
         cache_dtype=cache_dtype,
         decode_buckets=True,
+        speculative=options.speculative,
         **budget,
     )
 

@@ -29,6 +29,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from jaxlab.engine.continuous import MAX_DRAFTS
 from jaxlab.errors import InvalidRequestError
 from jaxlab.serve import protocol
 from jaxlab.serve.hardening import PAGE_HEADERS, Hardening, allowed_hosts
@@ -57,6 +58,7 @@ class ServeOptions:
     kv_tokens: int | None = None  # --kv-tokens: the KV budget in positions (default: --max-batch x --context)
     kv_memory: float | None = None  # --kv-memory: the KV budget as a fraction of the memory free at start
     context: int = 2048  # positions per request (the model's own context caps it)
+    speculative: int = 0  # --speculative ngram --draft-k K: prompt-lookup drafts per greedy request and step (0: off)
     host: str = "127.0.0.1"
     port: int = 8000
     allowed_hosts: tuple[str, ...] = ()  # --allowed-hosts: Host names answered besides loopback and host ("*": any)
@@ -83,6 +85,8 @@ class ServeOptions:
             )
         if self.kv_memory is not None and not 0 < self.kv_memory < 1:
             raise InvalidRequestError(f"--kv-memory is a fraction of the free memory in (0, 1), got {self.kv_memory}")
+        if not 0 <= self.speculative <= MAX_DRAFTS:
+            raise InvalidRequestError(f"--draft-k must be in 1..{MAX_DRAFTS}, got {self.speculative}")
         if not 0 < self.port < 65536:
             raise InvalidRequestError(f"--port must be in 1..65535, got {self.port}")
         if not self.body_timeout > 0:

@@ -41,6 +41,13 @@ class Metrics:
             "or give more --kv-tokens)", registry=r,
         )  # fmt: skip
         self.preempted = 0
+        self.drafts = Counter(
+            "jaxlab_draft_tokens", "speculative draft tokens proposed (--speculative ngram)", registry=r
+        )
+        self.drafts_kept = Counter(
+            "jaxlab_draft_tokens_accepted", "draft tokens the model agreed with (each saved a decode step)", registry=r
+        )
+        self.drafted = self.kept = 0
         self.ttft = Histogram(
             "jaxlab_time_to_first_token_seconds", "submit to first token", buckets=TTFT_BUCKETS, registry=r
         )
@@ -69,6 +76,10 @@ class Metrics:
         if sched.preemptions > self.preempted:
             self.preemptions.inc(sched.preemptions - self.preempted)
             self.preempted = sched.preemptions
+        if engine.drafted > self.drafted:
+            self.drafts.inc(engine.drafted - self.drafted)
+            self.drafts_kept.inc(engine.accepted - self.kept)
+            self.drafted, self.kept = engine.drafted, engine.accepted
         if engine.runner.last_bucket is not None:
             self.bucket.set(engine.runner.last_bucket)
 

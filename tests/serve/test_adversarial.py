@@ -42,6 +42,7 @@ class InstantEngine:
 
     slots, max_running, context, page_size = 4, 4, CONTEXT, 16
     runner = SimpleNamespace(last_bucket=None)  # the row bucket of the last decode call (none run)
+    drafted = accepted = 0  # no speculative drafts
     tokenizer = Tokenizer()
     config = SimpleNamespace(vocab_size=VOCAB)
 

@@ -147,13 +147,22 @@ def test_the_serving_engine_is_sized_by_its_kv_flags():
 
 def test_metrics_count_preemptions_and_show_the_pool_and_bucket():
     """/metrics' engine figures after each step: preemptions (a counter that follows the scheduler's), pages held of
-    the pool's, and the row bucket of the last decode call."""
+    the pool's, the row bucket of the last decode call, and speculative drafts proposed and kept."""
     from jaxlab.engine.continuous import Engine
     from jaxlab.engine.model import init_params
     from jaxlab.io.config import tiny
     from jaxlab.serve.metrics import Metrics
 
-    engine = Engine(init_params(tiny(), 0), slots=3, page_size=4, chunk=8, context=64, num_pages=1 + 12, watermark=None)
+    engine = Engine(
+        init_params(tiny(), 0),
+        slots=3,
+        page_size=4,
+        chunk=8,
+        context=64,
+        num_pages=1 + 12,
+        watermark=None,
+        speculative=2,
+    )
     metrics = Metrics(engine)
 
     def value(name):
@@ -167,9 +176,12 @@ def test_metrics_count_preemptions_and_show_the_pool_and_bucket():
         engine.step()
         metrics.step(engine)
         assert value("jaxlab_preemptions_total") == engine.scheduler.preemptions
+        assert value("jaxlab_draft_tokens_total") == engine.drafted
+        assert value("jaxlab_draft_tokens_accepted_total") == engine.accepted
         held = max(held, value("jaxlab_kv_pages_held"))
     assert engine.scheduler.preemptions > 0 and held == 12 and value("jaxlab_kv_pages_total") == 12
     assert value("jaxlab_decode_bucket_rows") == 3 and value("jaxlab_kv_pages_held") == 0
+    assert 0 < engine.accepted <= engine.drafted
 
 
 class OneTokenEngine:
