@@ -287,34 +287,22 @@ class Engine:
         request: GenerationRequest | Sequence[int],
         sampling: SamplingParams | None = None,
         request_id: str | None = None,
-        *,
-        max_new_tokens: int = 32,
-        seed: int = 0,
-        stop: Sequence[str] = (),
-        ignore_eos: bool = False,
-        logprobs: bool = False,
-        top_logprobs: int = 0,
-        constraint: Constraint | None = None,
+        **options,
     ) -> Stream:
         """Queue a request; it joins the batch at a step that has room for it. Returns its stream.
 
-        ``request``: a :class:`~jaxlab.engine.plan.GenerationRequest` (checked already: taken as is, the other
-        keywords but ``request_id`` unused), or prompt token ids, checked here with the keywords
-        (:meth:`check`). ``top_logprobs`` (0..20): also keep each token's most likely alternatives and their
-        logprobs (a step that carries such a request runs a program that also returns them). ``constraint``: the
-        output must match this grammar (:class:`~jaxlab.engine.grammar.Constraint`; it ends when the grammar is
-        complete)."""
+        ``request``: a :class:`~jaxlab.engine.plan.GenerationRequest` (checked already by
+        :func:`~jaxlab.engine.plan.check_generation`, taken as is), or prompt token ids, checked here (:meth:`check`)
+        with ``sampling`` and ``options``, the keywords of :func:`~jaxlab.engine.plan.check_generation`:
+        ``max_new_tokens`` (default 32), ``seed``, ``stop``, ``ignore_eos``, ``logprobs``, ``top_logprobs`` (0..20:
+        each token's most likely alternatives too; a step that carries such a request runs a program that also
+        returns them) and ``constraint`` (the output must match this grammar, and ends when it is complete)."""
         if not isinstance(request, GenerationRequest):
-            request = self.check(
-                request,
-                max_new_tokens,
-                sampling=sampling,
-                seed=seed,
-                stop=stop,
-                ignore_eos=ignore_eos,
-                logprobs=logprobs,
-                top_logprobs=top_logprobs,
-                constraint=constraint,
+            request = self.check(request, sampling=sampling, **options)
+        elif sampling is not None or options:
+            given = ["sampling"] * (sampling is not None) + sorted(options)
+            raise InvalidRequestError(
+                f"a checked GenerationRequest carries its own settings: drop {', '.join(given)} (or pass prompt ids)"
             )
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
         if request_id in self.requests:
@@ -504,7 +492,9 @@ class Engine:
         t0 = time.perf_counter()
         options = dict(max_new_tokens=max_new_tokens, stop=stop, ignore_eos=ignore_eos, logprobs=logprobs)
         streams = [
-            self.add_request(p, sampling, seed=seed + i, constraint=constraint, **options)
+            self.add_request(p)
+            if isinstance(p, GenerationRequest)
+            else self.add_request(p, sampling, seed=seed + i, constraint=constraint, **options)
             for i, p in enumerate(prompts)
         ]
         while True:

@@ -201,37 +201,48 @@ class Runner:
 
     def warmup(self, sampling: bool = False, top_logprobs: bool = False) -> float:
         """Compile every program a step can need (decode and prefill, each page-table width; greedy, and greedy
-        returning top logprobs when asked; sampling, which always returns them, when asked); returns seconds spent
+        returning top logprobs when asked; sampling, which always returns them, when asked), after probing the row
+        buckets; the programs are lowered in turn and compiled side by side on the CPU's cores
+        (:meth:`~jaxlab.engine.programs.Programs.compile_many`); nothing but the probe runs. Returns seconds spent
         compiling."""
         before = self.programs.compile_seconds_total
         variants = [(SamplingParams(), 0)] + ([(SamplingParams(), TOP_LOGPROBS)] if top_logprobs else [])
         variants += [(SamplingParams(temperature=1.0), TOP_LOGPROBS)] if sampling else []
         candidates = self.candidate_buckets()
-        if len(candidates) > 1:  # the probe compiles each candidate once; only the kept ones get every variant
+        name, t = self.decode_program
+        if len(candidates) > 1:  # the probe runs each candidate once; only the kept ones get every variant
+            self.programs.compile_many(
+                [self.program(name, b, t, self.widths[0], SamplingParams(), 0) for b in candidates]
+            )
             self.bucket_probe = self.probe_buckets(candidates)
             self.row_buckets = tuple(b for b in candidates if self.bucket_probe[b])
-        name, t = self.decode_program
         shapes = [(name, b, t) for b in self.row_buckets] + [("prefill", 1, self.chunk)]
-        for sp, top in variants:
-            for width in self.widths:
-                for name, rows, t in shapes:
-                    samp, greedy_rows = GREEDY, jnp.ones(rows, bool)
-                    if not sp.greedy:
-                        samp, greedy_rows = stack_rows([sp] * rows)
-                    cache = self.cache.with_table(np.zeros((rows, width // self.page_size), np.int32))
-                    args = (
-                        self.params,
-                        jnp.zeros((rows, t), jnp.int32),
-                        jnp.full((rows, t), -1, jnp.int32),
-                        cache,
-                        jnp.zeros(rows, jnp.uint32),
-                        samp,
-                        greedy_rows,
-                        self.allowed([None] * rows),  # the free rows' mask, cached for the steps
-                    )
-                    fn, _ = self.programs.get(name, PROGRAMS[name], args, {"top": top} if top else None)
-                    *_, self.cache = fn(*args)  # all positions -1: writes go to the null page only
+        items = [
+            self.program(name, rows, t, width, sp, top)
+            for sp, top in variants
+            for width in self.widths
+            for name, rows, t in shapes
+        ]
+        self.programs.compile_many(items)
         return self.programs.compile_seconds_total - before
+
+    def program(self, name: str, rows: int, t: int, width: int, sp: SamplingParams, top: int) -> tuple:
+        """(name, jitted step, arguments, static) of the program a step of ``rows`` rows of ``t`` tokens at page-table
+        width ``width`` runs with these settings: what :meth:`warmup` compiles (free rows: every position -1)."""
+        samp, greedy_rows = GREEDY, jnp.ones(rows, bool)
+        if not sp.greedy:
+            samp, greedy_rows = stack_rows([sp] * rows)
+        args = (
+            self.params,
+            jnp.zeros((rows, t), jnp.int32),
+            jnp.full((rows, t), -1, jnp.int32),
+            self.cache.with_table(np.zeros((rows, width // self.page_size), np.int32)),
+            jnp.zeros(rows, jnp.uint32),
+            samp,
+            greedy_rows,
+            self.allowed([None] * rows),  # the free rows' mask, cached for the steps
+        )
+        return name, PROGRAMS[name], args, {"top": top} if top else None
 
     def candidate_buckets(self) -> tuple[int, ...]:
         """The decode row counts warm-up compiles: :data:`ROW_BUCKETS` below ``slots``, and ``slots``."""

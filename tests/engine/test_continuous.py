@@ -239,19 +239,21 @@ def test_real_model_greedy_tokens_equal_the_generator(engine, generator, smollm)
         assert g.generated_ids == w.generated_ids and g.text == w.text
 
 
-def test_real_model_speculative_engine_gives_the_generators_greedy_tokens(generator, smollm):
+def test_real_model_speculative_engine_gives_plain_greedys_tokens(engine, smollm):
     """Speculative decoding on the engine with the real model: a copy-heavy prompt and an open-ended one in one
-    batch, each row its own accepted run; the tokens are plain greedy's (the Generator's), in fewer row-calls."""
+    batch, each row its own accepted run; the tokens are the plain engine's (greedy, which the test above ties to
+    the Generator), in fewer row-calls."""
     from jaxlab.bench.speculative import PARAGRAPH
     from jaxlab.io.tokenizer import prompt_ids
 
     tok = smollm.tokenizer
     prompts = [prompt_ids(tok, f"Repeat this text exactly: {PARAGRAPH}"), tok.encode("Once upon a time, in a land")]
-    want = [r.generated_ids for r in generator.generate(prompts, max_new_tokens=24, ignore_eos=True)]
-    eng = Engine(smollm.params, tok, slots=2, page_size=16, chunk=64, context=256, speculative=4)
-    got = [r.generated_ids for r in eng.generate(prompts, 24, ignore_eos=True)]
+    want = [r.generated_ids for r in engine.generate(prompts, 24, ignore_eos=True)]
+    spec = Engine(smollm.params, tok, slots=4, page_size=16, chunk=64, context=256, speculative=4)
+    spec.programs = engine.programs  # the same prefill program; the verify program is compiled once more
+    got = [r.generated_ids for r in spec.generate(prompts, 24, ignore_eos=True)]
     assert got == want
-    assert eng.accepted > 10 and eng.row_calls < 2 * 23
+    assert spec.accepted > 10 and spec.row_calls < 2 * 23
 
 
 def test_pallas_attention_gives_the_same_tokens_with_no_compile_after_warmup(small_model):
@@ -344,15 +346,25 @@ def test_chunks_of_one_step_may_cross_page_table_widths(tiny_params, monkeypatch
 
 def test_top_logprobs_come_with_each_token(tiny_params):
     """A request asking for top logprobs gets, per token, that many alternatives, most likely first; greedy picks
-    the first of them, with the logprob reported for the token itself; a request beside it is unchanged."""
+    the first of them, with the logprob reported for the token itself; a request beside it is unchanged.
+
+    And what the steps hand out is each request's record, in pieces: the outputs' token ids, logprobs and text add
+    up to the stream's, nothing twice, the last one finished with its reason; with logprobs asked each new token
+    comes with its own text and its alternatives' texts (detokenized by the engine, so a server forwards them)."""
+    from conftest import byte_tokenizer
+
+    tok = byte_tokenizer()
     prompt = [1, 5, 9, 33, 7]
-    eng = tiny_engine(tiny_params)
+    eng = tiny_engine(tiny_params, tokenizer=tok)
     plain = eng.add_request([1, 44, 45], max_new_tokens=6, ignore_eos=True)
     top = eng.add_request(prompt, max_new_tokens=6, ignore_eos=True, top_logprobs=3)
-    eng.run()
+    got: dict[str, list] = {plain.request_id: [], top.request_id: []}
+    while eng.has_work:
+        for o in eng.step():
+            got[o.request_id].append(o)
     assert len(top.top_logprobs) == len(top.token_ids) == 6 == len(top.logprobs)
-    for tok, lp, alts in zip(top.token_ids, top.logprobs, top.top_logprobs):
-        assert len(alts) == 3 and alts[0][0] == tok and alts[0][1] == pytest.approx(lp, abs=1e-6)
+    for tok_id, lp, alts in zip(top.token_ids, top.logprobs, top.top_logprobs):
+        assert len(alts) == 3 and alts[0][0] == tok_id and alts[0][1] == pytest.approx(lp, abs=1e-6)
         assert alts[0][1] >= alts[1][1] >= alts[2][1]
     alone = tiny_engine(tiny_params, ALONE_PROGRAMS).add_request([1, 44, 45], max_new_tokens=6, ignore_eos=True)
     alone = alone.result()
@@ -361,38 +373,19 @@ def test_top_logprobs_come_with_each_token(tiny_params):
         and top.token_ids
         == tiny_engine(tiny_params, ALONE_PROGRAMS).generate([prompt], 6, ignore_eos=True)[0].generated_ids
     )
-    with pytest.raises(InvalidRequestError, match="top_logprobs"):
-        eng.add_request(prompt, top_logprobs=21)
-
-
-def test_step_outputs_add_up_to_the_record_and_are_detokenized_once(tiny_params):
-    """What the steps hand out is the request's record, in pieces: the outputs' token ids, logprobs and text add up
-    to the stream's, nothing twice, the last one finished with its reason; with logprobs asked each new token comes
-    with its own text and its alternatives' texts (detokenized by the engine, so a server forwards them as they
-    are)."""
-    from conftest import byte_tokenizer
-
-    tok = byte_tokenizer()
-    eng = Engine(tiny_params, tok, slots=3, page_size=4, chunk=8, context=64)
-    eng.programs = ALONE_PROGRAMS
-    plain = eng.add_request([1, 44, 45], max_new_tokens=7, ignore_eos=True)
-    asked = eng.add_request([1, 5, 9, 33], max_new_tokens=9, top_logprobs=2, stop=["zz"])
-    got: dict[str, list] = {plain.request_id: [], asked.request_id: []}
-    while eng.has_work:
-        for o in eng.step():
-            got[o.request_id].append(o)
-    for stream in (plain, asked):
+    for stream in (plain, top):
         outs = got[stream.request_id]
         assert [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
         assert outs[-1].finish_reason == stream.finish_reason and outs[-1].total_tokens == len(stream.token_ids)
         assert sum((o.token_ids for o in outs), []) == stream.token_ids
         assert "".join(o.text for o in outs) == stream.text
     assert not any(o.logprobs or o.token_texts or o.top for o in got[plain.request_id])
-    outs = got[asked.request_id]
-    assert sum((o.logprobs for o in outs), []) == asked.logprobs
-    assert sum((o.token_texts for o in outs), []) == [tok.decode([t]) for t in asked.token_ids]
-    tops = sum((o.top for o in outs), [])
-    assert tops == [[(tok.decode([i]), v) for i, v in alts] for alts in asked.top_logprobs] and len(tops[0]) == 2
+    outs = got[top.request_id]
+    assert sum((o.logprobs for o in outs), []) == top.logprobs
+    assert sum((o.token_texts for o in outs), []) == [tok.decode([t]) for t in top.token_ids]
+    assert sum((o.top for o in outs), []) == [[(tok.decode([i]), v) for i, v in a] for a in top.top_logprobs]
+    with pytest.raises(InvalidRequestError, match="top_logprobs"):
+        eng.add_request(prompt, top_logprobs=21)
 
 
 SPEC_PROMPTS = [[1] + [5, 6, 7, 8] * 6, [1, 9, 10, 11, 9, 10, 11, 9, 10], [1, 44, 45], [1, 70, 71, 72, 70, 71]]

@@ -83,3 +83,5 @@ def test_the_engine_takes_a_checked_request_as_it_is(monkeypatch):
     assert calls == [] and a.request is checked
     b = eng.add_request([1, 5, 9], max_new_tokens=3, request_id="b")
     assert calls == [1] and b.request == checked
+    with pytest.raises(InvalidRequestError, match="carries its own settings: drop max_new_tokens"):
+        eng.add_request(checked, max_new_tokens=5)  # never silently dropped
