@@ -310,8 +310,6 @@ class Engine:
         matcher = None
         if request.constraint is not None:
             matcher = Matcher(request.constraint, self.tokenizer, self.config.vocab_size)
-        prompt = list(request.prompt_ids)
-        seq = self.scheduler.add(request_id, prompt, request.max_new_tokens)  # raises if it can never fit
 
         def on_text(_row, piece):
             stream.text += piece
@@ -327,6 +325,8 @@ class Engine:
             on_text=on_text if self.tokenizer is not None else None,
             logprobs=request.logprobs,
         )
+        # last of what may refuse the request (it can never fit), so a refused request leaves nothing queued
+        seq = self.scheduler.add(request_id, list(request.prompt_ids), request.max_new_tokens)
         stream = Stream(
             request_id,
             self,

@@ -17,11 +17,11 @@ from typing import Callable
 import jax
 
 
-def signature(name: str, args: tuple, static: dict | None = None) -> tuple:
-    """What makes two calls need the same compiled program."""
+def signature(name: str, args: tuple, static: dict | None = None, options: dict | None = None) -> tuple:
+    """What makes two calls need the same compiled program (``options``: XLA compiler options)."""
     leaves, treedef = jax.tree.flatten(args)
     shapes = tuple((getattr(a, "shape", ()), str(getattr(a, "dtype", type(a).__name__))) for a in leaves)
-    return (name, treedef, shapes, tuple(sorted((static or {}).items())))
+    return (name, treedef, shapes, tuple(sorted((static or {}).items())), tuple(sorted((options or {}).items())))
 
 
 class Programs:
@@ -36,7 +36,7 @@ class Programs:
     ) -> tuple[Callable, float]:
         """(compiled program, seconds spent compiling it now: 0.0 when it was compiled before). ``options``: XLA
         compiler options for this program (``compile(compiler_options=...)``), part of its signature."""
-        sig = signature(name, args, static) + (tuple(sorted((options or {}).items())),)
+        sig = signature(name, args, static, options)
         fn = self._compiled.get(sig)
         if fn is not None:
             return fn, 0.0
@@ -55,7 +55,7 @@ class Programs:
         t0 = time.perf_counter()
         lowered = {}
         for name, jitted, args, static in items:
-            sig = signature(name, args, static) + ((),)
+            sig = signature(name, args, static)
             if sig not in self._compiled and sig not in lowered:
                 lowered[sig] = jitted.lower(*args, **(static or {}))
         if lowered:

@@ -26,9 +26,9 @@ __all__ = ["BackgroundServer", "ServeOptions", "build_app", "engine_for", "serve
 
 def engine_for(params, tokenizer, options: ServeOptions, cache_dtype=None):
     """The continuous-batching engine ``jaxlab serve`` runs: decode calls of at most ``--max-batch`` rows in row
-        buckets, up to ``--max-running`` requests at once, admitted by the KV memory: ``--kv-tokens`` positions, or
-        ``--kv-memory`` of the memory free now (:func:`jaxlab.tools.hardware.free_memory_bytes`), or by default
-        ``--max-batch`` x ``--context`` (the pool a fixed-slot server had). ``--speculative ngram``: each greedy request
+    buckets, up to ``--max-running`` requests at once, admitted by the KV memory: ``--kv-tokens`` positions, or
+    ``--kv-memory`` of the memory free now (:func:`jaxlab.tools.hardware.free_memory_bytes`), or by default
+    ``--max-batch`` x ``--context`` (the pool a fixed-slot server had). ``--speculative ngram``: each greedy request
     carries up to ``--draft-k`` prompt-lookup drafts per step."""
     from jaxlab.engine.continuous import Engine
     from jaxlab.errors import JaxlabError

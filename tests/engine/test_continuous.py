@@ -205,6 +205,9 @@ def test_bad_requests_say_what_to_do(tiny_params):
         eng.add_request([], max_new_tokens=3)
     with pytest.raises(InvalidRequestError, match="at most 64"):
         eng.add_request([1] * 60, max_new_tokens=10)
+    with pytest.raises(InvalidRequestError, match="tokenizer"):
+        eng.add_request([1, 2], max_new_tokens=3, stop=["x"])  # stop strings need text: this engine has none
+    assert not eng.has_work and not eng.requests  # nothing refused was queued
     eng.add_request([1, 2], request_id="x")
     with pytest.raises(InvalidRequestError, match="already running"):
         eng.add_request([1, 2], request_id="x")
