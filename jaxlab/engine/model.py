@@ -311,7 +311,8 @@ class Block(nnx.Module):
 
     def __call__(self, x, positions, cos, sin, cache=None, reduce: Reduce | None = None):
         # reduce: what joins the row-parallel outputs before the residual add (psum under tensor parallelism)
-        # named scopes: a profile (tools.profile) and the compiled program's op names read layerN/attention/...
+        # named scopes: a profile (tools.profile) and the compiled program's op names read
+        # layerN/jit(block)/attention/... (a traced pass calls each block through block_program)
         reduce = reduce or _identity
         with jax.named_scope("attention"):
             h, cache = self.attn(self.attn_norm(x), positions, cos, sin, cache)
@@ -323,6 +324,19 @@ class Block(nnx.Module):
 
 def _identity(x: Array) -> Array:
     return x
+
+
+def block_program() -> Callable:
+    """A decoder block as a nested ``jit``, for one traced pass. The blocks of a model share one structure and
+    one set of shapes, so the pass's 30 calls share one trace and one lowered function (a ``call`` per layer, which
+    XLA inlines: the compiled program is the same as a Python loop's), traced and lowered in a fraction of the time.
+    Made anew for each pass, so nothing is cached across passes: a new trace reads the module's globals afresh, as
+    the loop does. An eager pass keeps the loop (one operation at a time, as eager code runs)."""
+
+    def block(graphdef, state, x, positions, cos, sin, kv, reduce):
+        return nnx.merge(graphdef, state)(x, positions, cos, sin, kv, reduce)
+
+    return jax.jit(block, static_argnames=("graphdef", "reduce"))
 
 
 class Llama(nnx.Module):
@@ -379,11 +393,14 @@ class Llama(nnx.Module):
             x = jnp.take(embed, tokens, axis=0).astype(dt).astype(acc)  # [B, T, D]
         cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, acc)
         new_layers, early = [], []
+        block = block_program() if isinstance(x, jax.core.Tracer) and not remat else None  # traced: one block trace
         for i, layer in enumerate(layers):
             with jax.named_scope(f"layer{i}"):
                 kv = None if cache is None else cache.layer(i)  # a KVLayer or a PagedLayer: write, then attend
                 if remat:  # keep only each layer's input for the backward pass; recompute the inside
                     x, kv = jax.checkpoint(lambda h, lyr=layer: lyr(h, positions, cos, sin, reduce=reduce))(x)
+                elif block is not None:
+                    x, kv = block(*nnx.split(layer), x, positions, cos, sin, kv, reduce)
                 else:
                     x, kv = layer(x, positions, cos, sin, kv, reduce)
             new_layers.append(kv)

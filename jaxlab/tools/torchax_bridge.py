@@ -286,18 +286,47 @@ def greedy(tx: TorchaxModel, prompt_ids: Sequence[int], new_tokens: int, cache_l
 # --------------------------------------------------------------------------------------------------
 
 
+_OP = re.compile(r"(?<![\w.@])((?:stablehlo|chlo)\.[a-z_]+)(?=[ (<{])")
+_NAME = r'@("[^"\n]*"|[\w.$-]+)'  # a symbol: @main, @block, @"<lambda>"
+_FUNC = re.compile(r"^\s*func\.func\s+(?:(?:public|private)\s+)?" + _NAME)
+_CALL = re.compile(r"(?<![\w.])(?:func\.)?call\s+" + _NAME)
+
+
 def stablehlo_size(text: str) -> dict:
-    """Size of a StableHLO module's text: its ops (``stablehlo.*``, ``chlo.*``, calls), functions, characters, and
-    the most frequent op kinds."""
-    body = re.sub(r'"[^"\n]*"', '""', text)  # names and metadata in quotes are not ops
-    ops = Counter(re.findall(r"(?<![\w.@])((?:stablehlo|chlo|func)\.[a-z_]+|call)(?=[ (<{])", body))
-    functions = ops.pop("func.func", 0)
+    """Size of a StableHLO module: ``ops``, the ops its program runs (``stablehlo.*``, ``chlo.*``; a function called
+    n times counts n times, as XLA inlines its calls: a model whose 30 blocks are one traced function, called 30
+    times, counts its block 30 times), ``written_ops`` as they stand in the text, its functions and calls, characters
+    and lines, and the most frequent op kinds (as run)."""
+    own: dict[str, Counter] = {}
+    calls: dict[str, Counter] = {}
+    name = None
+    for line in text.splitlines():
+        if m := _FUNC.search(line):
+            name = m.group(1)
+            own[name], calls[name] = Counter(), Counter()
+        elif name is not None:
+            own[name].update(_OP.findall(re.sub(r'"[^"\n]*"', '""', line)))  # names and metadata in quotes: no ops
+            calls[name].update(_CALL.findall(line))
+    runs: dict[str, Counter] = {}
+
+    def run(f: str) -> Counter:  # the ops one call of f runs, its callees expanded
+        if f not in runs:
+            total = Counter(own[f])
+            for g, n in calls[f].items():
+                for op, k in run(g).items():
+                    total[op] += n * k
+            runs[f] = total
+        return runs[f]
+
+    ran = run("main" if "main" in own else next(iter(own))) if own else Counter()
     return {
-        "ops": sum(ops.values()),
-        "functions": functions,
+        "ops": sum(ran.values()),
+        "written_ops": sum(sum(c.values()) for c in own.values()),
+        "functions": len(own),
+        "calls": sum(sum(c.values()) for c in calls.values()),
         "chars": len(text),
         "lines": text.count("\n") + 1,
-        "top_ops": dict(ops.most_common(8)),
+        "top_ops": dict(ran.most_common(8)),
     }
 
 

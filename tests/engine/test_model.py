@@ -4,6 +4,8 @@ the row-parallel matmuls' outputs: the identity on one device, ``psum`` in a ten
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -87,11 +89,12 @@ def test_reduce_identity_is_the_default_and_runs_after_each_row_parallel_matmul(
     np.testing.assert_array_equal(jit_forward(params, *batch, reduce=lambda x: x)[0], full)
     seen = []
 
-    def spy(x):
-        seen.append(x.shape)
+    def spy(x):  # counted when the program runs (the block is traced once, then called for every layer)
+        jax.debug.callback(lambda v: seen.append(v.shape), x)
         return x
 
-    jax.eval_shape(lambda: forward(params, *batch, reduce=spy))  # tracing calls it as running would
+    jax.block_until_ready(jit_forward(params, *batch, reduce=spy))
+    jax.effects_barrier()
     b, t = batch[0].shape
     assert seen == [(b, t, params.config.dim)] * (2 * params.config.n_layers)  # wo and w_down, every layer
     # and it joins the residual stream: doubling what it returns changes the logits
@@ -102,12 +105,13 @@ def test_every_cache_write_goes_through_the_caches_slot_write(params, batch):
     cfg, (b, t) = params.config, batch[0].shape
     seen = []
 
-    def spy(array, new, index, axis):
-        seen.append((array.ndim, axis))
+    def spy(array, new, index, axis):  # recorded as the program runs (one block trace serves every layer)
+        jax.debug.callback(lambda: seen.append((array.ndim, axis)), ordered=True)
         return write_slots(array, new, index, axis)
 
     cache = init_cache(cfg, b, t + 2, slot_write=spy)
     logits, cache = jit_forward(params, *batch, cache)
+    jax.effects_barrier()
     assert cache.slot_write is spy  # the cache keeps it through the pass
     # per layer: the positions [B, S] (slots on axis 1), K [B*KVH, S, Hd] (axis 1), V [B*KVH, Hd, S] (axis 2)
     assert seen == [(2, 1), (3, 1), (3, 2)] * cfg.n_layers
@@ -195,8 +199,10 @@ def test_the_files_contract_is_what_the_model_holds(preset, tied):
 
 
 def test_a_compiled_step_names_each_layers_attention_and_mlp(params, batch):
-    """Profiles and HLO read by part: every layer's attention and MLP run under their own ``named_scope``."""
+    """Profiles and HLO read by part: every layer's attention and MLP run under their own ``named_scope`` (in the
+    compiled program, where XLA has inlined the block that the pass traced once: ``layer3/jit(block)/mlp/...``)."""
     tokens, positions = batch
-    hlo = jax.jit(forward).lower(params, tokens, positions, None).as_text(debug_info=True)
+    hlo = jax.jit(forward).lower(params, tokens, positions, None).compile().as_text()
     for i in range(params.config.n_layers):
-        assert f"layer{i}/attention/" in hlo and f"layer{i}/mlp/" in hlo, i
+        for part in ("attention", "mlp"):
+            assert re.search(rf'op_name="jit\(forward\)/layer{i}/jit\(block\)/{part}/', hlo), (i, part)

@@ -86,8 +86,20 @@ def test_hlo_summary_describes_both_decode_steps(tx, smollm):
     assert f"k: {layers} x float32[3, 256, 64]" in s["jaxlab"]["cache"]
     for road in s.values():
         assert road["donated"]
-        assert road["ops"] > 1000 and road["chars"] > road["ops"]
-        assert road["top_ops"]["stablehlo.dot_general"] >= 7 * layers  # q, k, v, o, gate, up, down
+        assert road["ops"] > 1000 and road["chars"] > road["written_ops"]
+        assert road["top_ops"]["stablehlo.dot_general"] >= 7 * layers  # q, k, v, o, gate, up, down, as run
+    assert s["jaxlab"]["calls"] >= layers  # its block traced once, called per layer
+
+
+def test_stablehlo_size_counts_a_function_once_per_call():
+    import jax
+    import jax.numpy as jnp
+
+    inner = jax.jit(lambda x: jnp.sin(x) * 2.0)  # named @"<lambda>" in the module
+    size = torchax_bridge.stablehlo_size(jax.jit(lambda x: inner(inner(x)) + 1.0).lower(jnp.ones(3)).as_text())
+    assert (size["functions"], size["calls"]) == (2, 2)
+    assert size["top_ops"]["stablehlo.sine"] == 2 and size["top_ops"]["stablehlo.add"] == 1
+    assert (size["written_ops"], size["ops"]) == (7, 11)  # the callee's 4 ops written once, run twice
 
 
 # Last on purpose: the tests above build the bridge first (the ``tx`` fixture), before anything imported torchax,
