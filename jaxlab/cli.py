@@ -558,15 +558,20 @@ def cmd_serve(args):
     t0 = time.perf_counter()
     sys.stderr.write(
         "jaxlab serve: compiling the engine's programs (prefill and decode for each page-table width: greedy, "
-        "greedy with top logprobs, sampling; decode row buckets probed first)...\n"
+        "and sampling, each with top logprobs when asked; decode row buckets probed first)...\n"
     )
-    engine.warmup(sampling=True, top_logprobs=True)  # a request never compiles on the engine's thread
+    engine.warmup(sampling=True)  # a request never compiles on the engine's thread
     dropped = [str(b) for b, same in engine.runner.bucket_probe.items() if not same]
     sys.stderr.write(
         f"jaxlab serve: compiled {len(engine.programs)} programs in {time.perf_counter() - t0:.1f} s; up to "
         f"{engine.max_running} requests in {engine.pool.capacity * engine.page_size} KV positions; decode row "
         f"buckets {', '.join(map(str, engine.runner.row_buckets))}"
         + (f" ({', '.join(dropped)} left out: this backend computed a row differently there)" if dropped else "")
+        + (
+            " (the probe's verdicts stored by an earlier run of these programs on this host)"
+            if engine.runner.probe_stored
+            else ""
+        )
         + (
             f"; up to {engine.speculative} prompt-lookup drafts per greedy request and step"
             if engine.speculative

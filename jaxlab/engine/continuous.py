@@ -514,8 +514,8 @@ class Engine:
             results.append(r)
         return results
 
-    def warmup(self, sampling: bool = False, top_logprobs: bool = False) -> float:
+    def warmup(self, sampling: bool = False) -> float:
         """Compile every program the engine can need (:meth:`~jaxlab.engine.runner.Runner.warmup`: decode and
-        prefill, each page-table width; greedy, and greedy returning top logprobs when asked; sampling, which always
-        returns them, when asked), probing the row buckets first; returns seconds spent compiling."""
-        return self.runner.warmup(sampling, top_logprobs)
+        prefill, each page-table width; greedy, and sampling when asked; each returns top logprobs when a row asks),
+        probing the row buckets first; returns seconds spent compiling."""
+        return self.runner.warmup(sampling)

@@ -5,14 +5,22 @@ measured exactly and reported with each result, and a call whose signature was s
 compiles again. The signature is the tree structure and every leaf's shape and dtype (the structure
 tells int8 from w8a8 parameters, and greedy from sampling: :class:`~jaxlab.engine.sampling.Sampling`
 carries ``greedy`` as static metadata) plus any static keyword arguments.
+
+:class:`Verdicts` keeps what a check learned about compiled programs (the engine's row-bucket probe) beside the
+persistent compile cache, keyed by the program's text and the host, so a process that loads the programs from that
+cache need not run the check again.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import platform
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable
 
 import jax
 
@@ -29,7 +37,16 @@ class Programs:
 
     def __init__(self):
         self._compiled: dict[tuple, Callable] = {}
+        self._lowered: dict[tuple, Any] = {}  # lowered, not compiled yet (lower): compile_many takes them
         self.compile_seconds_total = 0.0
+
+    def lower(self, name: str, jitted, args: tuple, static: dict | None = None):
+        """The program lowered (traced to StableHLO), kept until it is compiled: what reads a program's text before
+        :meth:`compile_many` compiles it (lowering it once)."""
+        sig = signature(name, args, static)
+        if sig not in self._lowered:
+            self._lowered[sig] = jitted.lower(*args, **(static or {}))
+        return self._lowered[sig]
 
     def get(
         self, name: str, jitted, args: tuple, static: dict | None = None, options: dict | None = None
@@ -57,7 +74,8 @@ class Programs:
         for name, jitted, args, static in items:
             sig = signature(name, args, static)
             if sig not in self._compiled and sig not in lowered:
-                lowered[sig] = jitted.lower(*args, **(static or {}))
+                lowered[sig] = self.lower(name, jitted, args, static)
+                del self._lowered[sig]
         if lowered:
             with ThreadPoolExecutor(max(1, min(len(lowered), workers or os.cpu_count() or 1))) as pool:
                 for sig, fn in zip(lowered, pool.map(lambda lo: lo.compile(), lowered.values())):
@@ -68,3 +86,59 @@ class Programs:
 
     def __len__(self) -> int:
         return len(self._compiled)
+
+
+def host_facts() -> str:
+    """What a compiled program's numbers depend on besides its text: the jax and jaxlib versions, the backend, its
+    version and device kind, and on a CPU the host's model and instruction-set flags (XLA:CPU compiles for them)."""
+    import jaxlib
+
+    dev = jax.devices()[0]
+    facts = [jax.__version__, jaxlib.__version__, dev.platform, dev.device_kind, dev.client.platform_version]
+    if dev.platform == "cpu":
+        try:
+            lines = Path("/proc/cpuinfo").read_text().splitlines()
+            facts += [next((ln for ln in lines if ln.startswith(f)), "") for f in ("model name", "flags")]
+        except OSError:
+            facts.append(platform.processor() or platform.machine())
+    return "\n".join(facts)
+
+
+class Verdicts:
+    """What a check learned about compiled programs (the row-bucket probe: does a bucket compute a row bit for bit
+    as the full step does), kept in the persistent compile cache's folder beside the programs it is about
+    (``jaxlab-verdicts.json``), keyed by the program's lowered text and :func:`host_facts`: as exact as the cached
+    programs themselves, so a process that loads them from the cache need not run the check again. Without a
+    persistent cache (or with ``folder`` "") nothing is kept and every check runs."""
+
+    FILE = "jaxlab-verdicts.json"
+
+    def __init__(self, folder: str | os.PathLike | None = None):
+        folder = folder if folder is not None else jax.config.jax_compilation_cache_dir
+        self.path = Path(folder) / self.FILE if folder else None
+
+    def key(self, what: str, text: str, *more) -> str:
+        """One verdict's key: what was checked, the program's text, anything else it depended on."""
+        return hashlib.sha256("\0".join([what, host_facts(), text, *map(str, more)]).encode()).hexdigest()
+
+    def _read(self) -> dict:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):  # none yet, or a torn or foreign file: checks run again
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def get(self, key: str):
+        return None if self.path is None else self._read().get(key)
+
+    def put(self, key: str, value) -> None:
+        if self.path is None:
+            return
+        data = self._read()
+        data[key] = value
+        tmp = self.path.with_name(f"{self.FILE}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+            os.replace(tmp, self.path)  # whole or not at all, for a process reading beside it
+        except OSError:  # a read-only cache folder: the check runs again next time
+            tmp.unlink(missing_ok=True)

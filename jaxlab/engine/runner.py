@@ -26,7 +26,7 @@ from jaxlab.engine.grammar import allow_all
 from jaxlab.engine.model import Params
 from jaxlab.engine.paged import init_paged_cache
 from jaxlab.engine.plan import TOP_LOGPROBS, bucket
-from jaxlab.engine.programs import Programs
+from jaxlab.engine.programs import Programs, Verdicts
 from jaxlab.engine.sampling import SamplingParams, stack_rows
 from jaxlab.engine.steps import GREEDY, jit_rows, jit_rows_verify
 from jaxlab.errors import InvalidRequestError
@@ -91,10 +91,14 @@ class Runner:
         self.decode_buckets = decode_buckets
         self.row_buckets: tuple[int, ...] = (slots,)  # the decode row counts in use (warmup() may add smaller ones)
         self.bucket_probe: dict[int, bool] = {}  # bucket -> its probe row equalled the full step's (after warmup)
+        self.probe_stored = False  # the probe's verdicts came from an earlier run of the same programs on this host
+        self.verdicts: Verdicts | None = None  # where warmup keeps the probe's verdicts (None: Verdicts(), beside
+        # the persistent compile cache when one is on)
         self.bucket_steps: dict[int, int] = {}  # bucket -> decode calls it ran
         self.last_bucket: int | None = None  # the row bucket of the last decode call
         self.mask_seconds = 0.0  # host time spent filling grammar masks (structured output)
         self._free_masks: dict[int, jax.Array] = {}  # rows -> the all-ones grammar bitmask, on the device
+        self._flags = {w: jax.device_put(np.bool_(w)) for w in (False, True)}  # "a row wants top logprobs"
 
     # ---- the arrays of a step --------------------------------------------------------------------
 
@@ -144,16 +148,15 @@ class Runner:
         seeds = np.asarray([r.request.seed if r is not None else 0 for r in rows], np.uint32)
         # device_put, not jnp.asarray: converting a NumPy array with jnp.asarray compiles a small program per shape
         tokens, positions, seeds = jax.device_put((tokens, positions, seeds))
-        args = (self.params, tokens, positions, cache, seeds, samp, greedy_rows, self.allowed(rows))
-        # a sampling step always returns the top logprobs: they cost nothing beside sampling's sort of the vocabulary
-        # (benchmarks/NOTES.md 12), and one program fewer per shape is to compile at warm-up
-        wanted = any(r is not None and r.request.top_logprobs for r in rows) or not samp.greedy
-        top = TOP_LOGPROBS if wanted else 0
-        fn, _ = self.programs.get(name, PROGRAMS[name], args, {"top": top} if top else None)
-        if top:
-            nxt, logp, (top_v, top_i), self.cache = fn(*args)
+        # every program can return the top alternatives; a step computes them only when a row asked (a branch in the
+        # program: one program per shape serves both, half the programs to compile at warm-up)
+        wanted = any(r is not None and r.request.top_logprobs for r in rows)
+        flag = self._flags[wanted]
+        args = (self.params, tokens, positions, cache, seeds, samp, greedy_rows, self.allowed(rows), flag)
+        fn, _ = self.programs.get(name, PROGRAMS[name], args, {"top": TOP_LOGPROBS})
+        nxt, logp, (top_v, top_i), self.cache = fn(*args)
+        if wanted:
             return np.asarray(nxt), np.asarray(logp), (np.asarray(top_v), np.asarray(top_i))
-        nxt, logp, self.cache = fn(*args)
         return np.asarray(nxt), np.asarray(logp), None
 
     @property
@@ -199,34 +202,42 @@ class Runner:
 
     # ---- compiling ahead of time -----------------------------------------------------------------
 
-    def warmup(self, sampling: bool = False, top_logprobs: bool = False) -> float:
-        """Compile every program a step can need (decode and prefill, each page-table width; greedy, and greedy
-        returning top logprobs when asked; sampling, which always returns them, when asked), after probing the row
-        buckets; the programs are lowered in turn and compiled side by side on the CPU's cores
+    def warmup(self, sampling: bool = False) -> float:
+        """Compile every program a step can need (decode and prefill, each page-table width; greedy, and sampling
+        when asked; each returns top logprobs when a step's row asks), after probing the row buckets; the programs
+        are lowered in turn and compiled side by side on the CPU's cores
         (:meth:`~jaxlab.engine.programs.Programs.compile_many`); nothing but the probe runs. Returns seconds spent
         compiling."""
         before = self.programs.compile_seconds_total
-        variants = [(SamplingParams(), 0)] + ([(SamplingParams(), TOP_LOGPROBS)] if top_logprobs else [])
-        variants += [(SamplingParams(temperature=1.0), TOP_LOGPROBS)] if sampling else []
+        variants = [SamplingParams()] + ([SamplingParams(temperature=1.0)] if sampling else [])
         candidates = self.candidate_buckets()
         name, t = self.decode_program
         if len(candidates) > 1:  # the probe runs each candidate once; only the kept ones get every variant
-            self.programs.compile_many(
-                [self.program(name, b, t, self.widths[0], SamplingParams(), 0) for b in candidates]
-            )
-            self.bucket_probe = self.probe_buckets(candidates)
+            full = self.programs.lower(*self.program(name, self.slots, t, self.widths[0], SamplingParams()))
+            verdicts = self.verdicts or Verdicts()
+            key = verdicts.key("row-bucket probe", full.as_text(), candidates)
+            stored = verdicts.get(key)
+            if isinstance(stored, dict) and set(stored) == {str(b) for b in candidates}:
+                self.bucket_probe = {b: bool(stored[str(b)]) for b in candidates}  # same program text, same host
+                self.probe_stored = True
+            else:
+                self.programs.compile_many(
+                    [self.program(name, b, t, self.widths[0], SamplingParams()) for b in candidates]
+                )
+                self.bucket_probe = self.probe_buckets(candidates)
+                verdicts.put(key, {str(b): same for b, same in self.bucket_probe.items()})
             self.row_buckets = tuple(b for b in candidates if self.bucket_probe[b])
         shapes = [(name, b, t) for b in self.row_buckets] + [("prefill", 1, self.chunk)]
         items = [
-            self.program(name, rows, t, width, sp, top)
-            for sp, top in variants
+            self.program(name, rows, t, width, sp)
+            for sp in variants
             for width in self.widths
             for name, rows, t in shapes
         ]
         self.programs.compile_many(items)
         return self.programs.compile_seconds_total - before
 
-    def program(self, name: str, rows: int, t: int, width: int, sp: SamplingParams, top: int) -> tuple:
+    def program(self, name: str, rows: int, t: int, width: int, sp: SamplingParams) -> tuple:
         """(name, jitted step, arguments, static) of the program a step of ``rows`` rows of ``t`` tokens at page-table
         width ``width`` runs with these settings: what :meth:`warmup` compiles (free rows: every position -1)."""
         samp, greedy_rows = GREEDY, jnp.ones(rows, bool)
@@ -241,8 +252,9 @@ class Runner:
             samp,
             greedy_rows,
             self.allowed([None] * rows),  # the free rows' mask, cached for the steps
+            self._flags[False],
         )
-        return name, PROGRAMS[name], args, {"top": top} if top else None
+        return name, PROGRAMS[name], args, {"top": TOP_LOGPROBS}
 
     def candidate_buckets(self) -> tuple[int, ...]:
         """The decode row counts warm-up compiles: :data:`ROW_BUCKETS` below ``slots``, and ``slots``."""

@@ -78,13 +78,39 @@ def greedy_step(params: Params, tokens, positions, cache: KVCache, **hooks):
     return sample(logits, None, GREEDY), logits, cache
 
 
+def top_alternatives(all_logp, top: int, wanted=None) -> tuple:
+    """(logprobs [..., top], ids [..., top]) of the ``top`` most likely tokens, from log-probabilities [..., V]. With
+    ``wanted`` (a traced bool []) they are computed only when it is true, zeros otherwise: one program serves the
+    steps where some request asked for them and the steps where none did, which pay a branch, not the search."""
+    if wanted is None:
+        return jax.lax.top_k(all_logp, top)
+    shape = all_logp.shape[:-1] + (top,)
+    return jax.lax.cond(
+        wanted,
+        lambda a: tuple(jax.lax.top_k(a, top)),
+        lambda a: (jnp.zeros(shape, a.dtype), jnp.zeros(shape, jnp.int32)),
+        all_logp,
+    )
+
+
 def rows_step(
-    params: Params, tokens, positions, cache, seeds, sampling: Sampling, greedy_rows, allowed, top: int = 0, **hooks
+    params: Params,
+    tokens,
+    positions,
+    cache,
+    seeds,
+    sampling: Sampling,
+    greedy_rows,
+    allowed,
+    wanted=None,
+    top: int = 0,
+    **hooks,
 ):
     """Every row its own request (continuous batching): tokens, positions [B, T] (each row's last column its
     last token; -1 = padding or an idle row) -> (next tokens [B], their logprobs [B], cache); with ``top`` > 0
     (static) -> (next tokens, logprobs, (the ``top`` most likely tokens' logprobs [B, top], their ids [B, top]),
-    cache): an OpenAI client's ``top_logprobs``.
+    cache): an OpenAI client's ``top_logprobs``, computed only when ``wanted`` (bool [], traced; None: always) is
+    true (:func:`top_alternatives`).
 
     Row ``r`` draws with ``fold_in(key(seeds[r]), its last position)`` and its own settings (``sampling``
     with [B] leaves, ``greedy_rows`` [B]: :func:`~jaxlab.engine.sampling.stack_rows`; or :data:`GREEDY`), so
@@ -97,12 +123,22 @@ def rows_step(
     all_logp = jax.nn.log_softmax(logits, axis=-1)
     logp = jnp.take_along_axis(all_logp, nxt[:, None], axis=-1)[:, 0]
     if top:
-        return nxt, logp, jax.lax.top_k(all_logp, top), cache
+        return nxt, logp, top_alternatives(all_logp, top, wanted), cache
     return nxt, logp, cache
 
 
 def rows_verify_step(
-    params: Params, tokens, positions, cache, seeds, sampling: Sampling, greedy_rows, allowed, top: int = 0, **hooks
+    params: Params,
+    tokens,
+    positions,
+    cache,
+    seeds,
+    sampling: Sampling,
+    greedy_rows,
+    allowed,
+    wanted=None,
+    top: int = 0,
+    **hooks,
 ):
     """:func:`rows_step` with drafts (speculative decoding on the continuous engine): tokens, positions [B, 1+k],
     each row's last token in column 0 then its own drafts (positions -1 after them: padding, an idle row) -> (the
@@ -119,7 +155,7 @@ def rows_verify_step(
     all_logp = jax.nn.log_softmax(logits, axis=-1)
     logp = jnp.take_along_axis(all_logp, out[..., None], axis=-1)[..., 0]
     if top:
-        return out, logp, jax.lax.top_k(all_logp[:, 0], top), cache
+        return out, logp, top_alternatives(all_logp[:, 0], top, wanted), cache
     return out, logp, cache
 
 

@@ -10,7 +10,7 @@ import pytest
 from jaxlab.engine.continuous import Engine
 from jaxlab.engine.generate import Generator
 from jaxlab.engine.model import init_params
-from jaxlab.engine.programs import Programs
+from jaxlab.engine.programs import Programs, Verdicts
 from jaxlab.engine.sampling import SamplingParams
 from jaxlab.errors import InvalidRequestError
 from jaxlab.io.config import tiny
@@ -170,8 +170,33 @@ def test_decode_buckets_keep_batch_invariance_and_compile_nothing_after_warmup(t
     assert not speculative or eng.accepted > 0
 
 
+def test_the_probes_verdicts_are_kept_beside_the_compile_cache(tiny_params, tmp_path):
+    """A second engine with the same programs on the same host takes the probe's verdicts from the first (kept in
+    the compile cache's folder, keyed by the program's text and the host) and runs no probe; other programs (more
+    slots), or a file that cannot be read, probe again."""
+    probed = []
+
+    def engine(slots):
+        eng = tiny_engine(tiny_params, slots=slots, decode_buckets=True)
+        eng.runner.verdicts = Verdicts(tmp_path)
+        real = eng.runner.probe_buckets
+        eng.runner.probe_buckets = lambda buckets: probed.append(slots) or real(buckets)
+        eng.warmup()
+        return eng.runner
+
+    first = engine(4)
+    assert probed == [4] and not first.probe_stored and (tmp_path / Verdicts.FILE).exists()
+    second = engine(4)
+    assert probed == [4] and second.probe_stored
+    assert (second.bucket_probe, second.row_buckets) == (first.bucket_probe, first.row_buckets)
+    assert not engine(8).probe_stored and probed == [4, 8]
+    (tmp_path / Verdicts.FILE).write_text("{not json")
+    assert not engine(4).probe_stored and probed == [4, 8, 4]
+
+
 def test_a_bucket_whose_probe_differs_is_not_used(tiny_params, monkeypatch):
     eng = tiny_engine(tiny_params, slots=4, decode_buckets=True)
+    eng.runner.verdicts = Verdicts("")  # keep nothing: this probe's verdict is made up
     monkeypatch.setattr(eng.runner, "probe_buckets", lambda buckets: {b: b != 2 for b in buckets})
     eng.warmup()
     assert eng.runner.row_buckets == (1, 4)
