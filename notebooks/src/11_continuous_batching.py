@@ -319,7 +319,8 @@ by_memory = Engine(m.params, tok, slots=4, page_size=16, chunk=64, context=256, 
 by_memory.programs = small.programs  # the same shapes: only the smaller buckets' programs are new
 by_memory.warmup()
 kept = by_memory.runner.row_buckets
-print(f"row buckets probed {sorted(by_memory.runner.bucket_probe)}, kept {list(kept)}")
+how = "verdicts kept from an earlier run of these programs" if by_memory.runner.probe_stored else "probed now"
+print(f"row buckets {sorted(by_memory.runner.bucket_probe)} ({how}), kept {list(kept)}")
 streams_mem, by_mem = batching.run_arrivals(by_memory, crowd)
 fig = batching.plot_engine_state({"by slots": by_slots, "by memory": by_mem}, pool_pages=small.pool.capacity)
 plt.show()
