@@ -37,12 +37,12 @@ class Programs:
 
     def __init__(self):
         self._compiled: dict[tuple, Callable] = {}
-        self._lowered: dict[tuple, Any] = {}  # lowered, not compiled yet (lower): compile_many takes them
+        self._lowered: dict[tuple, Any] = {}  # lowered by lower(), not compiled yet: get and compile_many take them
         self.compile_seconds_total = 0.0
 
     def lower(self, name: str, jitted, args: tuple, static: dict | None = None):
-        """The program lowered (traced to StableHLO), kept until it is compiled: what reads a program's text before
-        :meth:`compile_many` compiles it (lowering it once)."""
+        """The program lowered (traced to StableHLO), kept until :meth:`get` or :meth:`compile_many` compiles it:
+        what reads a program's text before it is compiled, lowering it once."""
         sig = signature(name, args, static)
         if sig not in self._lowered:
             self._lowered[sig] = jitted.lower(*args, **(static or {}))
@@ -58,7 +58,8 @@ class Programs:
         if fn is not None:
             return fn, 0.0
         t0 = time.perf_counter()
-        fn = jitted.lower(*args, **(static or {})).compile(compiler_options=options)
+        lowered = self._lowered.pop(sig, None) or jitted.lower(*args, **(static or {}))
+        fn = lowered.compile(compiler_options=options)
         seconds = time.perf_counter() - t0
         self._compiled[sig] = fn
         self.compile_seconds_total += seconds
@@ -74,8 +75,7 @@ class Programs:
         for name, jitted, args, static in items:
             sig = signature(name, args, static)
             if sig not in self._compiled and sig not in lowered:
-                lowered[sig] = self.lower(name, jitted, args, static)
-                del self._lowered[sig]
+                lowered[sig] = self._lowered.pop(sig, None) or jitted.lower(*args, **(static or {}))
         if lowered:
             with ThreadPoolExecutor(max(1, min(len(lowered), workers or os.cpu_count() or 1))) as pool:
                 for sig, fn in zip(lowered, pool.map(lambda lo: lo.compile(), lowered.values())):
