@@ -560,7 +560,7 @@ def cmd_serve(args):
         "jaxlab serve: compiling the engine's programs (prefill and decode for each page-table width: greedy, "
         "and sampling, each with top logprobs when asked; decode row buckets probed first)...\n"
     )
-    engine.warmup(sampling=True)  # a request never compiles on the engine's thread
+    engine.warmup()  # a request never compiles on the engine's thread
     dropped = [str(b) for b, same in engine.runner.bucket_probe.items() if not same]
     sys.stderr.write(
         f"jaxlab serve: compiled {len(engine.programs)} programs in {time.perf_counter() - t0:.1f} s; up to "

@@ -514,8 +514,8 @@ class Engine:
             results.append(r)
         return results
 
-    def warmup(self, sampling: bool = False) -> float:
+    def warmup(self) -> float:
         """Compile every program the engine can need (:meth:`~jaxlab.engine.runner.Runner.warmup`: decode and
-        prefill, each page-table width; greedy, and sampling when asked; each returns top logprobs when a row asks),
+        prefill, each page-table width, each serving greedy and sampling rows and top logprobs when a row asks),
         probing the row buckets first; returns seconds spent compiling."""
-        return self.runner.warmup(sampling)
+        return self.runner.warmup()

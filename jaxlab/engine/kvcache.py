@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxlab.engine.kernels import flash_attention
-from jaxlab.engine.kernels.common import MASK_VALUE
+from jaxlab.engine.kernels.common import MASK_VALUE, SOFTMAX, rows_alike
 from jaxlab.errors import ConfigError
 from jaxlab.io.config import LlamaConfig
 from jaxlab.quant.formats import join_split, split_activations
@@ -162,7 +162,7 @@ class KVLayer:
             scores = scores.astype(policy.acc_dtype).reshape(b, kvh, g, t, s) * (hd**-0.5)
             visible = (self.pos[:, None, :] >= 0) & (self.pos[:, None, :] <= positions[:, :, None])  # [B, T, S]
             scores = jnp.where(visible[:, None, None], scores, MASK_VALUE)
-            probs = jax.nn.softmax(scores, axis=-1).reshape(bk, g * t, s)
+            probs = rows_alike(SOFTMAX, scores).reshape(bk, g * t, s)
             if self.v_scale is not None:  # fold each value vector's scale into its attention weight
                 out = int8_bmm(probs * self.v_scale[:, None, :], self.v, 2)  # [B*KVH, G*T, Hd]
             else:

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxlab.engine.kernels.common import compute_capability, gpu_too_old
+from jaxlab.engine.kernels.common import compute_capability, gpu_too_old, rows_alike
 from jaxlab.engine.kvcache import KVCache, KVLayer
 from jaxlab.engine.paged import PagedKVCache
 from jaxlab.errors import ConfigError, FallbackWarning
@@ -224,7 +224,9 @@ class RMSNorm(nnx.Module):
 
     def __call__(self, x: Array) -> Array:  # [..., D] -> [..., D]
         x32 = x.astype(self.policy.acc_dtype)
-        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        # the mean of squares as XLA:CPU computes a large array's rows, so a row's norm is the same in every batch
+        ms = rows_alike(lambda r: jnp.mean(r * r, axis=-1, keepdims=True), x32)
+        y = x32 * jax.lax.rsqrt(ms + self.eps)
         return self.weight.astype(x.dtype) * y.astype(x.dtype)
 
 

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxlab.engine.kernels import paged_attention
-from jaxlab.engine.kernels.common import MASK_VALUE, online_softmax
+from jaxlab.engine.kernels.common import MASK_VALUE, SOFTMAX, online_softmax, rows_alike
 from jaxlab.engine.kvcache import int8_bmm, kv_vector_bytes, quantize_kv
 from jaxlab.errors import ConfigError
 from jaxlab.io.config import LlamaConfig
@@ -232,7 +232,7 @@ def read_pages(q: jax.Array, layer: PagedLayer, positions: jax.Array, matmul: Ma
     per_block = max(1, min(pages_per_row, BLOCK_TOKENS // ps))
     if pages_per_row <= per_block:
         scores, v, vs = _block(qn, layer, layer.page_table, 0, positions, matmul, scale)
-        out = _values(jax.nn.softmax(scores, axis=-1), v, vs, matmul)
+        out = _values(rows_alike(SOFTMAX, scores), v, vs, matmul)
     else:
         if pages_per_row % per_block:
             raise ValueError(
@@ -242,7 +242,7 @@ def read_pages(q: jax.Array, layer: PagedLayer, positions: jax.Array, matmul: Ma
         def body(i, carry):
             pages = jax.lax.dynamic_slice_in_dim(layer.page_table, i * per_block, per_block, axis=1)
             scores, v, vs = _block(qn, layer, pages, i * per_block * ps, positions, matmul, scale)
-            return online_softmax(*carry, scores, lambda p: _values(p, v, vs, matmul))
+            return online_softmax(*carry, scores, lambda p: _values(p, v, vs, matmul), alike=True)
 
         init = (
             jnp.full((b * kvh, g * t, 1), MASK_VALUE, jnp.float32),

@@ -28,7 +28,8 @@ import jax
 def signature(name: str, args: tuple, static: dict | None = None, options: dict | None = None) -> tuple:
     """What makes two calls need the same compiled program (``options``: XLA compiler options)."""
     leaves, treedef = jax.tree.flatten(args)
-    shapes = tuple((getattr(a, "shape", ()), str(getattr(a, "dtype", type(a).__name__))) for a in leaves)
+    # the dtype objects themselves (hashable, and compared far faster than their names: a step's call pays this)
+    shapes = tuple((getattr(a, "shape", ()), getattr(a, "dtype", None), type(a)) for a in leaves)
     return (name, treedef, shapes, tuple(sorted((static or {}).items())), tuple(sorted((options or {}).items())))
 
 

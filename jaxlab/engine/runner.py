@@ -8,14 +8,15 @@ compiled program and returns each row's token, logprob and (when asked) top alte
 Compiled shapes are fixed: the decode program takes ``slots`` rows of one token (or a smaller row bucket, with
 ``decode_buckets``; with ``speculative=k``, one token and up to ``k`` drafts per row: the verify program), the
 prefill program one row of ``chunk`` tokens, each for a few page-table widths
-(:attr:`Runner.widths`, a bucket of the longest row), greedy or sampling. :meth:`Runner.warmup` compiles them
-all; after it no mix of requests compiles anything (a test counts).
+(:attr:`Runner.widths`, a bucket of the longest row); one program serves greedy and sampling rows (the draw runs
+under a branch taken only when a row samples) and top logprobs (likewise). :meth:`Runner.warmup` compiles them all;
+after it no mix of requests compiles anything (a test counts).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +29,7 @@ from jaxlab.engine.paged import init_paged_cache
 from jaxlab.engine.plan import TOP_LOGPROBS, bucket
 from jaxlab.engine.programs import Programs, Verdicts
 from jaxlab.engine.sampling import SamplingParams, stack_rows
-from jaxlab.engine.steps import GREEDY, jit_rows, jit_rows_verify
+from jaxlab.engine.steps import jit_rows, jit_rows_verify
 from jaxlab.errors import InvalidRequestError
 
 PAGE_SIZE = 16  # positions per page
@@ -99,6 +100,8 @@ class Runner:
         self.mask_seconds = 0.0  # host time spent filling grammar masks (structured output)
         self._free_masks: dict[int, jax.Array] = {}  # rows -> the all-ones grammar bitmask, on the device
         self._flags = {w: jax.device_put(np.bool_(w)) for w in (False, True)}  # "a row wants top logprobs"
+        self._steps: dict[tuple, Any] = {}  # (program, tokens' shape, width) -> its compiled program
+        self._greedy: dict[int, tuple] = {}  # rows -> an all-greedy step's settings, on the device
 
     # ---- the arrays of a step --------------------------------------------------------------------
 
@@ -119,9 +122,14 @@ class Runner:
         return table
 
     def sampling(self, rows: Sequence):
+        """The step's per-row settings (:func:`~jaxlab.engine.sampling.stack_rows`); an all-greedy step's are kept
+        on the device per row count, so they cost no transfer."""
         params = [r.request.sampling if r is not None else SamplingParams() for r in rows]
         if all(p.greedy for p in params):
-            return GREEDY, jnp.ones(len(params), bool)
+            n = len(params)
+            if n not in self._greedy:
+                self._greedy[n] = jax.device_put(stack_rows([SamplingParams()] * n))
+            return self._greedy[n]
         return stack_rows(params)
 
     def allowed(self, rows: Sequence):
@@ -140,11 +148,13 @@ class Runner:
         self.mask_seconds += time.perf_counter() - t0
         return jax.device_put(mask)
 
-    def run(self, name: str, rows: Sequence, tokens, positions, width: int):
+    def run(self, name: str, rows: Sequence, tokens, positions, width: int, table: np.ndarray | None = None):
         """One compiled step over ``rows`` (records or None): -> (next token, its logprob, top alternatives or
-        None) per row, as NumPy arrays."""
+        None) per row, as NumPy arrays. ``table``: the page table to use instead of the rows' own (the probe)."""
         samp, greedy_rows = self.sampling(rows)
-        cache = self.cache.with_table(self.table([r.seq if r is not None else None for r in rows], width))
+        if table is None:
+            table = self.table([r.seq if r is not None else None for r in rows], width)
+        cache = self.cache.with_table(table)
         seeds = np.asarray([r.request.seed if r is not None else 0 for r in rows], np.uint32)
         # device_put, not jnp.asarray: converting a NumPy array with jnp.asarray compiles a small program per shape
         tokens, positions, seeds = jax.device_put((tokens, positions, seeds))
@@ -153,7 +163,12 @@ class Runner:
         wanted = any(r is not None and r.request.top_logprobs for r in rows)
         flag = self._flags[wanted]
         args = (self.params, tokens, positions, cache, seeds, samp, greedy_rows, self.allowed(rows), flag)
-        fn, _ = self.programs.get(name, PROGRAMS[name], args, {"top": TOP_LOGPROBS})
+        # the step's shapes follow from these three (the parameters and the pools never change): a dict lookup per
+        # step instead of the full signature, which walks every parameter (~2 ms a step on a CPU)
+        key = (name, tokens.shape, width)
+        fn = self._steps.get(key)
+        if fn is None:
+            fn = self._steps[key] = self.programs.get(name, PROGRAMS[name], args, {"top": TOP_LOGPROBS})[0]
         nxt, logp, (top_v, top_i), self.cache = fn(*args)
         if wanted:
             return np.asarray(nxt), np.asarray(logp), (np.asarray(top_v), np.asarray(top_i))
@@ -202,18 +217,17 @@ class Runner:
 
     # ---- compiling ahead of time -----------------------------------------------------------------
 
-    def warmup(self, sampling: bool = False) -> float:
-        """Compile every program a step can need (decode and prefill, each page-table width; greedy, and sampling
-        when asked; each returns top logprobs when a step's row asks), after probing the row buckets; the programs
+    def warmup(self) -> float:
+        """Compile every program a step can need (decode and prefill, each page-table width; each serves greedy and
+        sampling rows, and returns top logprobs when a step's row asks), after probing the row buckets; the programs
         are lowered in turn and compiled side by side on the CPU's cores
         (:meth:`~jaxlab.engine.programs.Programs.compile_many`); nothing but the probe runs. Returns seconds spent
         compiling."""
         before = self.programs.compile_seconds_total
-        variants = [SamplingParams()] + ([SamplingParams(temperature=1.0)] if sampling else [])
         candidates = self.candidate_buckets()
         name, t = self.decode_program
         if len(candidates) > 1:  # the probe runs each candidate once; only the kept ones get every variant
-            full = self.programs.lower(*self.program(name, self.slots, t, self.widths[0], SamplingParams()))
+            full = self.programs.lower(*self.program(name, self.slots, t, self.widths[0]))
             verdicts = self.verdicts or Verdicts()
             key = verdicts.key("row-bucket probe", full.as_text(), candidates)
             stored = verdicts.get(key)
@@ -221,28 +235,19 @@ class Runner:
                 self.bucket_probe = {b: bool(stored[str(b)]) for b in candidates}  # same program text, same host
                 self.probe_stored = True
             else:
-                self.programs.compile_many(
-                    [self.program(name, b, t, self.widths[0], SamplingParams()) for b in candidates]
-                )
+                self.programs.compile_many([self.program(name, b, t, self.widths[0]) for b in candidates])
                 self.bucket_probe = self.probe_buckets(candidates)
                 verdicts.put(key, {str(b): same for b, same in self.bucket_probe.items()})
             self.row_buckets = tuple(b for b in candidates if self.bucket_probe[b])
         shapes = [(name, b, t) for b in self.row_buckets] + [("prefill", 1, self.chunk)]
-        items = [
-            self.program(name, rows, t, width, sp)
-            for sp in variants
-            for width in self.widths
-            for name, rows, t in shapes
-        ]
+        items = [self.program(name, rows, t, width) for width in self.widths for name, rows, t in shapes]
         self.programs.compile_many(items)
         return self.programs.compile_seconds_total - before
 
-    def program(self, name: str, rows: int, t: int, width: int, sp: SamplingParams) -> tuple:
+    def program(self, name: str, rows: int, t: int, width: int) -> tuple:
         """(name, jitted step, arguments, static) of the program a step of ``rows`` rows of ``t`` tokens at page-table
-        width ``width`` runs with these settings: what :meth:`warmup` compiles (free rows: every position -1)."""
-        samp, greedy_rows = GREEDY, jnp.ones(rows, bool)
-        if not sp.greedy:
-            samp, greedy_rows = stack_rows([sp] * rows)
+        width ``width`` runs: what :meth:`warmup` compiles (free rows: every position -1)."""
+        samp, greedy_rows = self.sampling([None] * rows)
         args = (
             self.params,
             jnp.zeros((rows, t), jnp.int32),
@@ -263,16 +268,20 @@ class Runner:
         return tuple(b for b in ROW_BUCKETS if b < self.slots) + (self.slots,)
 
     def probe_buckets(self, buckets: Sequence[int]) -> dict[int, bool]:
-        """Whether one probe row (token 1 at position 0, reading and writing only the null page) gets the same
-        token and the same log-probability, bit for bit, in each bucket as in the full ``slots``-row step: the
-        buckets a request may run in without its tokens depending on how many run beside it."""
+        """Whether one probe row (token 1 at position 0, in page 1 of the pool: its own, as a request's row has)
+        gets the same token and the same log-probability, bit for bit, in each bucket as in the full ``slots``-row
+        step: the buckets a request may run in without its tokens depending on how many run beside it. (The
+        padding rows write to the null page: a probe row there would read their keys, not its own.)"""
         out = {}
         name, t = self.decode_program
+        width = self.widths[0]
         for b in buckets:
             tokens = np.zeros((b, t), np.int32)
             positions = np.full((b, t), -1, np.int32)
             tokens[0, 0], positions[0, 0] = 1, 0
-            nxt, logp, _ = self.run(name, [None] * b, tokens, positions, self.widths[0])
+            table = np.zeros((b, width // self.page_size), np.int32)
+            table[0, 0] = 1  # warm-up runs before any request holds a page
+            nxt, logp, _ = self.run(name, [None] * b, tokens, positions, width, table)
             out[b] = (nxt[0].tobytes(), logp[0].tobytes())
         full = out[self.slots]
         return {b: out[b] == full for b in buckets}

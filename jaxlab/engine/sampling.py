@@ -113,7 +113,8 @@ def sample_rows(logits: jax.Array, keys: jax.Array, sampling: Sampling, greedy_r
     """logits [B, V], one key per row [B], per-row settings (:func:`stack_rows`) -> token ids [B] int32.
 
     Each row is drawn with its own key and settings, so a row's token does not depend on the other rows;
-    greedy rows take the argmax."""
+    greedy rows take the argmax. The draw (a sort of the vocabulary per row) runs under a branch taken only when a
+    row samples: one program serves greedy and sampling steps at the cost of a greedy one when every row is greedy."""
     best = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     if sampling.greedy:
         return best
@@ -121,5 +122,7 @@ def sample_rows(logits: jax.Array, keys: jax.Array, sampling: Sampling, greedy_r
     def one(lg, key, s):
         return jax.random.categorical(key, filter_logits(lg, s)).astype(jnp.int32)
 
-    drawn = jax.vmap(one)(logits, keys, sampling)
-    return jnp.where(greedy_rows, best, drawn)
+    def draw():
+        return jnp.where(greedy_rows, best, jax.vmap(one)(logits, keys, sampling))
+
+    return jax.lax.cond(jnp.all(greedy_rows), lambda: best, draw)

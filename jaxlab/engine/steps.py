@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxlab.engine.grammar import mask_logits
+from jaxlab.engine.kernels.common import LOG_SOFTMAX, rows_alike
 from jaxlab.engine.kvcache import KVCache, rollback
 from jaxlab.engine.model import Params, forward
 from jaxlab.engine.sampling import Sampling, filter_logits, sample, sample_rows
@@ -120,7 +121,7 @@ def rows_step(
     logits, cache = next_logits(params, tokens, positions, cache, **hooks)
     keys = jax.vmap(lambda s, p: jax.random.fold_in(jax.random.key(s), p))(seeds, positions[:, -1])
     nxt = sample_rows(mask_logits(logits, allowed), keys, sampling, greedy_rows)
-    all_logp = jax.nn.log_softmax(logits, axis=-1)
+    all_logp = rows_alike(LOG_SOFTMAX, logits)  # a row's logprobs the same bits in every row bucket
     logp = jnp.take_along_axis(all_logp, nxt[:, None], axis=-1)[:, 0]
     if top:
         return nxt, logp, top_alternatives(all_logp, top, wanted), cache
@@ -152,7 +153,7 @@ def rows_verify_step(
     keys = jax.vmap(lambda s, p: jax.random.fold_in(jax.random.key(s), p))(seeds, positions[:, 0])
     first = sample_rows(mask_logits(logits[:, 0], allowed), keys, sampling, greedy_rows)
     out = jnp.argmax(logits, axis=-1).astype(jnp.int32).at[:, 0].set(first)
-    all_logp = jax.nn.log_softmax(logits, axis=-1)
+    all_logp = rows_alike(LOG_SOFTMAX, logits)  # a row's logprobs the same bits in every row bucket
     logp = jnp.take_along_axis(all_logp, out[..., None], axis=-1)[..., 0]
     if top:
         return out, logp, top_alternatives(all_logp[:, 0], top, wanted), cache

@@ -135,7 +135,7 @@ def test_prefix_reuse_gives_the_same_tokens_and_computes_less(tiny_params):
 
 def test_no_compilation_after_warmup_under_any_mix(tiny_params):
     eng = tiny_engine(tiny_params)
-    eng.warmup(sampling=True)
+    eng.warmup()
     with CompileCounter() as cc:
         rng = random.Random(5)
         for _, prompt, n, sp, i in random_mix(rng, 6):
@@ -153,7 +153,7 @@ def test_decode_buckets_keep_batch_invariance_and_compile_nothing_after_warmup(t
     bit for bit; requests then decode in the smallest kept bucket that holds them, their tokens those of the same
     requests alone, and no mix compiles anything; with speculative drafts too (the probe runs the verify step)."""
     eng = tiny_engine(tiny_params, slots=4, decode_buckets=True, speculative=speculative)
-    eng.warmup(sampling=True)
+    eng.warmup()
     assert set(eng.runner.bucket_probe) == {1, 2, 4} and eng.runner.bucket_probe[4]
     assert eng.runner.row_buckets == tuple(b for b in (1, 2, 4) if eng.runner.bucket_probe[b])
     mix = random_mix(random.Random(11), 6)
@@ -168,6 +168,31 @@ def test_decode_buckets_keep_batch_invariance_and_compile_nothing_after_warmup(t
     for _, prompt, n, sp, i in mix:
         assert streams[i].token_ids == alone(tiny_params, prompt, n, sp, seed=i), f"request {i}"
     assert not speculative or eng.accepted > 0
+
+
+def test_with_int8_weights_and_pages_every_bucket_is_kept_and_one_request_decodes_alone():
+    """int8 weights and pages compute a row alike at every row count (tests/engine/test_model.py), so the probe keeps
+    every bucket, a lone request decodes in the 1-row bucket, and a mix still equals each request alone. The probe
+    row has a page of its own: in the null page, which the padding rows write, it read their keys instead."""
+    from jaxlab.quant import quantize_params
+
+    params = quantize_params(init_params(tiny(), 7), "int8")
+    programs = Programs()
+    eng = tiny_engine(params, programs, slots=4, decode_buckets=True, cache_dtype="int8")
+    eng.runner.verdicts = Verdicts("")
+    eng.warmup()
+    assert eng.runner.row_buckets == (1, 2, 4), eng.runner.bucket_probe
+    mix = random_mix(random.Random(5), 5)
+    streams = {i: eng.add_request(prompt, sp, max_new_tokens=n, seed=i, ignore_eos=True)
+               for _, prompt, n, sp, i in mix}  # fmt: skip
+    eng.run()
+    assert 1 in eng.runner.bucket_steps, eng.runner.bucket_steps  # the last request ran alone
+    for _, prompt, n, sp, i in mix:
+        ref = tiny_engine(params, programs, slots=4, decode_buckets=True, cache_dtype="int8")
+        ref.runner.row_buckets = eng.runner.row_buckets  # the probe's verdict, not probed again
+        s = ref.add_request(prompt, sp, max_new_tokens=n, seed=i, ignore_eos=True)
+        ref.run()
+        assert streams[i].token_ids == s.token_ids, f"request {i}"
 
 
 def test_the_probes_verdicts_are_kept_beside_the_compile_cache(tiny_params, tmp_path):

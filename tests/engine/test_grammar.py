@@ -184,7 +184,7 @@ def test_constrained_requests_read_a_shared_prefix_and_keep_their_tokens(tiny_pa
 
 def test_no_compilation_after_warmup_with_constrained_and_free_rows(tiny_params, tok):
     eng = engine(tiny_params, tok)  # the shared table: warm-up compiles what the tests before did not
-    eng.warmup(sampling=True)
+    eng.warmup()
     with CompileCounter() as cc:
         eng.add_request([1, 7, 8], max_new_tokens=6)
         eng.add_request([1, 9], SamplingParams(temperature=0.8), max_new_tokens=40, constraint=Constraint.json_object())

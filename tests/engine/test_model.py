@@ -206,3 +206,30 @@ def test_a_compiled_step_names_each_layers_attention_and_mlp(params, batch):
     for i in range(params.config.n_layers):
         for part in ("attention", "mlp"):
             assert re.search(rf'op_name="jit\(forward\)/layer{i}/jit\(block\)/{part}/', hlo), (i, part)
+
+
+def test_an_int8_decode_row_is_the_same_bits_alone_and_among_others():
+    """With int8 weights (integer matmuls) and int8 pages, a decode row's logits are the same bits in a step of 1,
+    2, 3 or 8 rows as in one of 128 (the norms and attention's softmax computed alike, whatever the row count: XLA:CPU
+    sums the rows of fewer than 4,096 elements in another order, and 128 rows of this model's 40 are more): what lets
+    the engine decode one request in the 1-row bucket and stay batch-invariant."""
+    from jaxlab.engine.paged import init_paged_cache
+    from jaxlab.quant import quantize_params
+
+    params = quantize_params(init_params(jaxlab.tiny(), 3), "int8")
+    cfg, pages = params.config, 2
+
+    @jax.jit
+    def step(tokens, positions, cache):
+        return forward(params, tokens, positions, cache)[0][:, 0]
+
+    def row0(rows):
+        tokens = np.arange(5, 5 + rows, dtype=np.int32)[:, None]
+        positions = np.full((rows, 1), 3, np.int32)  # every row at position 3 of its own pages
+        cache = init_paged_cache(cfg, 1 + rows * pages, 4, rows, pages, "int8")
+        table = 1 + np.arange(rows * pages, dtype=np.int32).reshape(rows, pages)
+        return np.asarray(step(tokens, positions, cache.with_table(jnp.asarray(table))))[0]
+
+    full = row0(128)
+    for rows in (1, 2, 3, 8):
+        np.testing.assert_array_equal(row0(rows), full, err_msg=f"{rows} rows")

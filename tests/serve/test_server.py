@@ -36,7 +36,7 @@ def live(small_model):
     from jaxlab.serve import BackgroundServer, ServeOptions
 
     engine = Engine(small_model.params, small_model.tokenizer, slots=SLOTS, context=CONTEXT)
-    engine.warmup(sampling=True)  # as jaxlab serve does: no request compiles on the engine thread
+    engine.warmup()  # as jaxlab serve does: no request compiles on the engine thread
     with BackgroundServer(engine, ServeOptions(model_name="smollm2-135m")) as bg:
         yield bg.url, bg.state
 

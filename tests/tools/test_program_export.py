@@ -92,7 +92,9 @@ def test_symbolic_batch_serves_every_batch_size(tiny, native):
         )
         assert got[0].shape == (len(prompts), n)
         np.testing.assert_array_equal(got[0], want[0])
-        np.testing.assert_allclose(got[1], want[1], rtol=1e-6, atol=1e-6)
+        # a symbolic batch's norms and softmaxes run without rows_alike's copies (their size is unknown when
+        # exported), so small rows are summed in XLA:CPU's other order: the last bits differ
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-5)
 
 
 def test_multi_platform_export_runs_here(tiny, native, serializable):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -117,7 +118,35 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-def online_softmax(m, total, acc, s, values, visible=None):
+#: XLA:CPU sums the rows of an array of fewer elements than this in another order than the rows of a larger one
+#: (measured on jax 0.10.2: rows of 576 sum alike in 8 rows or more, not in 7), so a decode row's norms and softmax,
+#: and then its tokens, would depend on how many rows ran beside it (benchmarks/NOTES.md section 14).
+ALIKE_ELEMENTS = 4096
+
+
+def rows_alike(fn, x):
+    """``fn`` (a function of each row of ``x [..., S]`` along its last axis: a norm, a softmax) computed as XLA:CPU
+    computes it for an array of at least :data:`ALIKE_ELEMENTS` elements: a smaller ``x`` gets copies of zeros beside
+    it (a new leading axis, so rows split over devices move nothing), which ``fn`` computes and this drops again. So a
+    row's result is the same bits whether it ran alone or beside others: what lets the engine decode in small row
+    buckets and stay batch-invariant. The whole function runs on the copies, not only its sum: XLA:CPU also emits the
+    element-wise work around a small reduction differently. Symbolic shapes (``jax.export``) run as they are."""
+    if not all(isinstance(d, int) for d in x.shape) or x.size >= ALIKE_ELEMENTS:
+        return fn(x)
+    copies = -(-ALIKE_ELEMENTS // max(x.size, 1))
+    return fn(jnp.pad(x[None], ((0, copies - 1),) + ((0, 0),) * x.ndim))[0]
+
+
+#: The softmaxes the XLA paths compute through :func:`rows_alike` (attention's, and the engine's logprobs).
+SOFTMAX = functools.partial(jax.nn.softmax, axis=-1)
+LOG_SOFTMAX = functools.partial(jax.nn.log_softmax, axis=-1)
+
+
+def row_sum(x):
+    return jnp.sum(x, axis=-1, keepdims=True)
+
+
+def online_softmax(m, total, acc, s, values, visible=None, alike: bool = False):
     """Fold one block of scores into a running softmax: the update itself, whatever computed the scores.
 
     s [..., Q, K] float32 scores (hidden keys already at :data:`MASK_VALUE`); m, total [..., Q, 1] and acc
@@ -126,13 +155,15 @@ def online_softmax(m, total, acc, s, values, visible=None):
     every block is in. A block that raises the maximum rescales what came before by ``exp(m_old - m_new)``.
     With ``visible`` [..., Q, K], a hidden key's weight is exactly 0, so a query that sees nothing in the block
     adds nothing (the kernels); without it a hidden key weighs ``exp(MASK_VALUE - m)``: 0 once the query has
-    seen a key, 1 while it has seen none, which the first visible key's rescaling then wipes out."""
+    seen a key, 1 while it has seen none, which the first visible key's rescaling then wipes out. ``alike``: the
+    block's sum as :func:`rows_alike` computes it (the XLA path; a kernel body keeps its own shapes)."""
     m_new = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))
     p = jnp.exp(s - m_new)
     if visible is not None:
         p = jnp.where(visible, p, 0.0)
     corr = jnp.exp(m - m_new)
-    return m_new, total * corr + jnp.sum(p, axis=-1, keepdims=True), acc * corr + values(p)
+    block_sum = rows_alike(row_sum, p) if alike else row_sum(p)
+    return m_new, total * corr + block_sum, acc * corr + values(p)
 
 
 def online_update(m, total, acc, q, k, v, visible, *, scale: float, dtype, precision, v_transposed: bool = False):
