@@ -307,9 +307,11 @@ _ = check("prefix reuse gives the same tokens", outs[True] == outs[False], "8 re
 #
 # And it decodes in **row buckets**: a step runs the running requests in the smallest compiled row count that
 # holds them (1, 2, 4, 8, ... up to `slots`), so one client does not pay for 32 rows. On XLA:CPU a row's last
-# bits depend on how many rows its matmul has (1, 2-5, 8-32 and 64 rows compute differently here,
-# `benchmarks/NOTES.md`), which would make a request's tokens depend on its neighbours; so warm-up probes each
-# bucket with one row and keeps only those whose row equals the full step's bit for bit.
+# bits depend on how many rows its float matmul has (1, 2-5, 8-32 and 64 rows compute differently here), and a
+# small array's rows are summed in another order than a large one's (the model computes its norms and softmaxes
+# as a large array's: `kernels.common.rows_alike`; int8 matmuls are exact), which would make a request's tokens
+# depend on its neighbours (`benchmarks/NOTES.md` 11 and 14); so warm-up probes each bucket with one row and keeps
+# only those whose row equals the full step's bit for bit.
 #
 # **Predict first:** the crowd of section 3 again, in the same 5 pages, admitted by memory: more preemptions or
 # fewer? More steps or fewer?
