@@ -557,8 +557,8 @@ def cmd_serve(args):
     engine = engine_for(m.params, m.tokenizer, options, model.cache_dtype)
     t0 = time.perf_counter()
     sys.stderr.write(
-        "jaxlab serve: compiling the engine's programs (prefill and decode for each page-table width: greedy, "
-        "and sampling, each with top logprobs when asked; decode row buckets probed first)...\n"
+        "jaxlab serve: compiling the engine's programs (prefill and decode for each page-table width, each serving "
+        "greedy and sampling rows and top logprobs when asked; decode row buckets probed first)...\n"
     )
     engine.warmup()  # a request never compiles on the engine's thread
     dropped = [str(b) for b, same in engine.runner.bucket_probe.items() if not same]

@@ -49,6 +49,10 @@ class Programs:
             self._lowered[sig] = jitted.lower(*args, **(static or {}))
         return self._lowered[sig]
 
+    def _take_lowered(self, sig: tuple, jitted, args: tuple, static: dict | None):
+        """The program :meth:`lower` kept for ``sig`` (no longer kept), or lowered now."""
+        return self._lowered.pop(sig, None) or jitted.lower(*args, **(static or {}))
+
     def get(
         self, name: str, jitted, args: tuple, static: dict | None = None, options: dict | None = None
     ) -> tuple[Callable, float]:
@@ -59,7 +63,7 @@ class Programs:
         if fn is not None:
             return fn, 0.0
         t0 = time.perf_counter()
-        lowered = self._lowered.pop(sig, None) or jitted.lower(*args, **(static or {}))
+        lowered = self._take_lowered(sig, jitted, args, static)
         fn = lowered.compile(compiler_options=options)
         seconds = time.perf_counter() - t0
         self._compiled[sig] = fn
@@ -76,7 +80,7 @@ class Programs:
         for name, jitted, args, static in items:
             sig = signature(name, args, static)
             if sig not in self._compiled and sig not in lowered:
-                lowered[sig] = self._lowered.pop(sig, None) or jitted.lower(*args, **(static or {}))
+                lowered[sig] = self._take_lowered(sig, jitted, args, static)
         if lowered:
             with ThreadPoolExecutor(max(1, min(len(lowered), workers or os.cpu_count() or 1))) as pool:
                 for sig, fn in zip(lowered, pool.map(lambda lo: lo.compile(), lowered.values())):

@@ -226,7 +226,7 @@ class Runner:
         before = self.programs.compile_seconds_total
         candidates = self.candidate_buckets()
         name, t = self.decode_program
-        if len(candidates) > 1:  # the probe runs each candidate once; only the kept ones get every variant
+        if len(candidates) > 1:  # the probe runs each candidate once; only the kept ones get every page-table width
             full = self.programs.lower(*self.program(name, self.slots, t, self.widths[0]))
             verdicts = self.verdicts or Verdicts()
             key = verdicts.key("row-bucket probe", full.as_text(), candidates)
