@@ -7,6 +7,7 @@ No timing is asserted: the ratios are read from the report by people, not by tes
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 import pytest
@@ -47,34 +48,44 @@ def test_percentile_is_nearest_rank():
     assert serving.percentile([3.0], 99) == 3.0 and serving.percentile([], 50) is None
 
 
-def fake_result(ours_tps, peer_tps, ours_p99, peer_p99):
-    def level(c, tps, p99):
-        return {"concurrency": c, "requests_per_s": 1.0, "output_tokens_per_s": tps, "failed": 0, "short": 0,
-                "ttft_s": {50: p99 / 2, 90: p99, 99: p99}, "tpot_s": {50: 0.05, 90: 0.06, 99: 0.07}}  # fmt: skip
+def fake_result(ours_tps, peer_tps, ours_p99, peer_p99, ours_tpot=0.05, failed=0):
+    def level(c, tps, p99, tpot=0.05, failed=0):
+        return {"concurrency": c, "requests_per_s": 1.0, "output_tokens_per_s": tps, "failed": failed, "short": 0,
+                "ttft_s": {50: p99 / 2, 90: p99, 99: p99}, "tpot_s": {50: tpot, 90: 0.06, 99: 0.07}}  # fmt: skip
 
     return {
         "options": {"prompt_len": 128, "new_tokens": 64, "requests_per_client": 2, "slots": 32},
         "servers": [
-            {"name": "jaxlab serve", "levels": [level(1, 20.0, 0.2), level(32, ours_tps, ours_p99)]},
-            {"name": "llama-server", "levels": [level(1, 60.0, 0.1), level(32, peer_tps, peer_p99)]},
+            {"name": "jaxlab serve", "levels": [level(1, 50.0, 0.2, ours_tpot), level(32, ours_tps, ours_p99),
+                                                level(64, ours_tps, ours_p99, failed=failed)]},
+            {"name": "llama-server", "levels": [level(1, 60.0, 0.1), level(32, peer_tps, peer_p99),
+                                                level(64, peer_tps, peer_p99, failed=3)]},
         ],
         "what": ["ours", "theirs"],
-    }
+    }  # fmt: skip
 
 
 def test_targets_pass_and_miss_on_hand_made_numbers():
-    t = serving.serve_targets(fake_result(100.0, 80.0, 2.0, 3.0))
-    assert [x["status"] for x in t] == ["PASS", "PASS"] and t[0]["measured"] == pytest.approx(1.25)
-    t = serving.serve_targets(fake_result(40.0, 80.0, 6.0, 3.0))
-    assert [x["status"] for x in t] == ["MISS", "MISS"] and t[1]["measured"] == pytest.approx(2.0)
+    """The engine issue's targets: 1 client >= 0.8x output tok/s and p50 TPOT <= 1.5x; 32 clients >= 1.4x and p99
+    TTFT no worse; 64 clients none failed (ours; the peer's failures do not count)."""
+    t = serving.serve_targets(fake_result(120.0, 80.0, 2.0, 3.0))
+    assert [x["status"] for x in t] == ["PASS"] * 5
+    assert t[0]["measured"] == pytest.approx(50 / 60) and t[1]["measured"] == pytest.approx(1.0)
+    assert t[2]["measured"] == pytest.approx(1.5) and t[4]["measured"] == 0
+    assert [x["target"][:10] for x in t] == ["1 client: ", "1 client: ", "32 clients", "32 clients", "64 clients"]
+    t = serving.serve_targets(fake_result(100.0, 80.0, 6.0, 3.0, ours_tpot=0.08, failed=1))
+    assert [x["status"] for x in t] == ["PASS", "MISS", "MISS", "MISS", "MISS"]
+    assert t[1]["measured"] == pytest.approx(1.6) and t[3]["measured"] == pytest.approx(2.0) and t[4]["measured"] == 1
     alone = fake_result(40.0, 80.0, 6.0, 3.0)
     alone["servers"].pop()
-    assert [x["status"] for x in serving.serve_targets(alone)] == ["n/a", "n/a"]
+    assert [x["status"] for x in serving.serve_targets(alone)] == ["n/a"] * 4 + ["PASS"]
+    read_back = json.loads(json.dumps(fake_result(120.0, 80.0, 2.0, 3.0)))  # percentiles keyed by strings
+    assert [x["status"] for x in serving.serve_targets(read_back)] == ["PASS"] * 5
 
 
 def test_the_table_has_both_servers_and_their_ratios():
     text = serving.render_serving(fake_result(40.0, 80.0, 6.0, 3.0))
-    assert text.count("jaxlab serve") == 2 and text.count("llama-server") >= 2
+    assert text.count("jaxlab serve") == 3 and text.count("llama-server") >= 3  # a line per level
     assert "32 clients: output tok/s 0.50x, p99 TTFT 2.00x" in text
     assert "What each side computes:" in text
 
