@@ -209,19 +209,27 @@ def compare_logits(ours_row: np.ndarray, summary: dict, rtol: float = 1e-4) -> t
     """Our last-position logits against a golden summary -> (ok, one-line verdict).
 
     Passes when the top ids agree and every top logit is within ``rtol * max|logit|`` plus the
-    rounding of the stored values."""
-    ours_top = logit_summary(ours_row, len(summary["top_ids"]))
+    rounding of the stored values. With a reduced-precision tolerance (``rtol`` above float32's,
+    :data:`AGREEMENT_RTOL`) two ids whose logits lie within that tolerance of each other are a tie the
+    rounding may break either way: the ids may then change places, as long as the logit at every rank
+    is within the tolerance of the golden logit at that rank (the verdict names the ranks). In float32
+    the ids must be identical."""
+    k = len(summary["top_ids"])
+    ours_top = logit_summary(ours_row, k)
     same_ids = ours_top["top_ids"] == summary["top_ids"]
     ref = np.asarray(summary["top_logits"])
     ours = np.asarray([ours_row[i] for i in summary["top_ids"]])
     tol = rtol * summary["max_abs"] + 0.5 * 10**-LOGIT_DECIMALS
     err = float(np.abs(ours - ref).max())
+    ids = "identical" if same_ids else "differ"
+    if not same_ids and rtol > AGREEMENT_RTOL["float32"]:
+        ranked = np.sort(np.asarray(ours_row, np.float64))[::-1][:k]  # our logit at each rank
+        if float(np.abs(ranked - ref).max()) <= tol:
+            moved = [r + 1 for r, (a, b) in enumerate(zip(ours_top["top_ids"], summary["top_ids"])) if a != b]
+            same_ids, ids = True, f"identical up to near-ties (ranks {', '.join(map(str, moved))} swapped)"
     ok = same_ids and err <= tol
     verdict = "PASS" if ok else "FAIL"
-    return (
-        ok,
-        f"{verdict}: top-{len(ref)} ids {'identical' if same_ids else 'differ'}, logits within tolerance: {err <= tol}",
-    )
+    return ok, f"{verdict}: top-{len(ref)} ids {ids}, logits within tolerance: {err <= tol}"
 
 
 # --------------------------------------------------------------------------------------------------

@@ -275,3 +275,29 @@ def test_agreement_tolerance_follows_the_compute_dtype():
     assert agreement_rtol("float32") == 1e-4 == agreement_rtol(np.float32)
     with pytest.raises(ValueError, match="no agreement tolerance for int8"):
         agreement_rtol(jnp.int8)
+
+
+def test_near_ties_may_swap_only_at_a_reduced_precision_tolerance():
+    """compare_logits: in float32 the top ids must be identical; at bfloat16's tolerance two ids whose logits lie
+    within it may change places (the rounding breaks the tie either way: an Intel Xeon's bfloat16 dots swapped ranks of
+    notebook 08's real-model logits that an AMD EPYC kept), but not ids farther apart, nor a logit off its rank's."""
+    from jaxlab.tools.reference import AGREEMENT_RTOL, compare_logits, logit_summary
+
+    golden = np.zeros(50, np.float32)
+    golden[[7, 3, 9]] = [20.0, 15.0, 14.9]
+    summary = logit_summary(golden, 3)
+    swapped = golden.copy()
+    swapped[[3, 9]] = [14.95, 14.96]  # ranks 2 and 3 change places, each logit within 0.05 of its rank's
+    ok, line = compare_logits(swapped, summary, AGREEMENT_RTOL["bfloat16"])
+    assert (
+        ok and line == "PASS: top-3 ids identical up to near-ties (ranks 2, 3 swapped), logits within tolerance: True"
+    )
+    ok, line = compare_logits(swapped, summary, AGREEMENT_RTOL["float32"])
+    assert not ok and line.startswith("FAIL: top-3 ids differ")
+    assert compare_logits(golden, summary, AGREEMENT_RTOL["float32"])[1].startswith("PASS: top-3 ids identical,")
+    far = golden.copy()
+    far[9] = 16.0  # rank 3 overtakes rank 2 by a whole logit: not a tie at 3e-2 of 20 (0.6)
+    assert not compare_logits(far, summary, AGREEMENT_RTOL["bfloat16"])[0]
+    newcomer = golden.copy()
+    newcomer[11] = 14.92  # an id from outside the golden top 3 takes rank 3, within the tolerance: a tie
+    assert compare_logits(newcomer, summary, AGREEMENT_RTOL["bfloat16"])[0]
