@@ -223,7 +223,7 @@ def compare_logits(ours_row: np.ndarray, summary: dict, rtol: float = 1e-4) -> t
     err = float(np.abs(ours - ref).max())
     ids = "identical" if same_ids else "differ"
     if not same_ids and rtol > AGREEMENT_RTOL["float32"]:
-        ranked = np.sort(np.asarray(ours_row, np.float64))[::-1][:k]  # our logit at each rank
+        ranked = np.asarray([ours_row[i] for i in ours_top["top_ids"]])  # our logit at each rank
         if float(np.abs(ranked - ref).max()) <= tol:
             moved = [r + 1 for r, (a, b) in enumerate(zip(ours_top["top_ids"], summary["top_ids"])) if a != b]
             same_ids, ids = True, f"identical up to near-ties (ranks {', '.join(map(str, moved))} swapped)"
