@@ -57,8 +57,8 @@ from jaxlab.engine.generate import GenerationResult, TextStops
 from jaxlab.engine.grammar import Constraint, Matcher
 from jaxlab.engine.model import Params
 from jaxlab.engine.pages import PagePool
-from jaxlab.engine.plan import GenerationRequest, check_generation
-from jaxlab.engine.runner import CHUNK, PAGE_SIZE, Runner, table_widths
+from jaxlab.engine.plan import GenerationRequest, bucket, check_generation
+from jaxlab.engine.runner import CHUNK, PAGE_SIZE, Launched, Runner, table_widths
 from jaxlab.engine.sampling import SamplingParams
 from jaxlab.engine.scheduler import Scheduler, Seq
 from jaxlab.engine.speculative import ngram_propose
@@ -153,6 +153,27 @@ def accepted(drafts: Sequence[int], out: Sequence[int]) -> int:
     return n
 
 
+@dataclass
+class _Ahead:
+    """A decode call launched one step early (:meth:`Engine._decode`): who sits in each of its rows (None: free),
+    the position each decodes there, and the call."""
+
+    layout: list
+    positions: list[int]
+    launched: Launched
+
+    def rows_of(self, rows: Sequence) -> list[int] | None:
+        """The row of each record in ``rows``, if every one sits in this call at the position it decodes now."""
+        index = {id(r): i for i, r in enumerate(self.layout) if r is not None}
+        out = []
+        for r in rows:
+            i = index.get(id(r))
+            if i is None or self.positions[i] != r.seq.computed:
+                return None
+            out.append(i)
+        return out
+
+
 class Engine:
     """Continuous batching over a paged KV cache (see the module's docstring).
 
@@ -171,6 +192,10 @@ class Engine:
     them.
 
     ``speculative``: draft tokens per greedy row and step, 0..16 (module docstring; 0: off).
+
+    ``overlap``: in steady decoding, launch the next step's decode call before this step's tokens reach the host, so
+    the host's work (reading tokens, detokenizing, stops, streaming) overlaps the device's (:meth:`_decode`); the
+    tokens are the same either way (``ahead_steps`` counts the calls taken and dropped).
 
     ``decode_buckets``: decode in the smallest row bucket (:data:`~jaxlab.engine.runner.ROW_BUCKETS`) that holds the
     running sequences, so one request does not pay for ``slots`` rows. A backend's matmul may compute a row
@@ -198,6 +223,7 @@ class Engine:
         kv_bytes: int | None = None,
         watermark: float | None = 0.01,
         speculative: int = 0,
+        overlap: bool = True,
     ):
         cfg = params.config
         self.params, self.tokenizer, self.config = params, tokenizer, cfg
@@ -259,6 +285,10 @@ class Engine:
         self.speculative = speculative
         self.drafted = self.accepted = 0  # draft tokens proposed and kept (speculative)
         self.row_calls = 0  # decode rows run (one per running sequence per step)
+        self.overlap = overlap  # launch the next decode call before this one's tokens reach the host (_decode)
+        self._ahead: _Ahead | None = None
+        self.ahead_steps = {"used": 0, "dropped": 0}  # look-ahead calls a step took, and dropped
+        self.step_bucket = 0  # the row bucket of the last step's (last) decode call; 0 when it decoded nothing
 
     @property
     def programs(self):
@@ -359,16 +389,23 @@ class Engine:
         """Admit, decode one token per running sequence, prefill chunks under the budget; -> what each
         request got in this step."""
         plan = self.scheduler.schedule()
+        self.step_bucket = 0
         if plan.empty:
+            if self._ahead is not None:  # every row finished
+                self._ahead, self.ahead_steps["dropped"] = None, self.ahead_steps["dropped"] + 1
             return []
         self.steps += 1
         self.most_running = max(self.most_running, len(self.scheduler.running))
         outputs: list[RequestOutput] = []
+        early, self._ahead = self._ahead, None  # the call the last step launched for this one, if it did
+        if early is not None and not 0 < len(plan.decode) <= self.slots:
+            early, self.ahead_steps["dropped"] = None, self.ahead_steps["dropped"] + 1
         for at in range(0, len(plan.decode), self.slots):  # more running than rows: calls of at most `slots` rows
             seqs = plan.decode[at : at + self.slots]
             rows = [self.requests[seq.id] for seq in seqs]
             drafts = [self._drafts(r) for r in rows] if self.speculative else None
-            for i, (stream, (out, logp, top)) in enumerate(zip(rows, self.runner.decode(rows, drafts))):
+            results = self._decode(rows, drafts, early, plan)
+            for i, (stream, (out, logp, top)) in enumerate(zip(rows, results)):
                 seq, ahead = stream.seq, drafts[i] if drafts else []
                 replay = seq.replay
                 kept = len(ahead) if replay else accepted(ahead, out)  # a replay's drafts are its own known tokens
@@ -389,6 +426,57 @@ class Engine:
             self.kv_samples.append(self.scheduler.kv_use())
             self.fill_samples.append(self.scheduler.page_fill())
         return outputs
+
+    def _decode(self, rows: list[Stream], drafts, early: _Ahead | None, plan) -> list[tuple]:
+        """Run one decode call over ``rows``; -> per row (tokens, logprobs, top alternatives or None).
+
+        **Look-ahead** (``overlap``): when the rows will decode again in the next step for sure but for their stops
+        (plain decode: no drafts, grammars or replays; their pages, or a free page, hold the next position; none
+        reaches its token limit; no prompt finishes in this step, so nobody joins), the next step's call is launched
+        before this one's tokens reach the host, fed its tokens on the device: the host's work of this step (reading
+        tokens, detokenizing, stops, the server's streaming) overlaps the device's next step. The next step takes that
+        call (``early``) if its rows sit in it at the expected positions: a row that finished meanwhile is dropped
+        from it (when the rows left fit a smaller bucket, the step after re-packs them); the tokens are those a fresh
+        call computes (the same bucket rules, batch invariance). Otherwise the call is dropped and the step runs as
+        usual: its writes went to positions that a later write of the same position, or a page's new owner,
+        overwrites before any read."""
+        where = early.rows_of(rows) if early is not None else None
+        if where is None:
+            if early is not None:
+                self.ahead_steps["dropped"] += 1
+            launched = self.runner.decode_launch(rows, drafts)
+            layout: list[Stream | None] = list(rows) + [None] * (self.runner.last_bucket - len(rows))
+            where = list(range(len(rows)))
+        else:
+            self.ahead_steps["used"] += 1
+            launched = early.launched
+            kept = {id(r) for r in rows}
+            layout = [r if r is not None and id(r) in kept else None for r in early.layout]
+        self.step_bucket = len(layout)
+        smaller = bucket(len(rows), self.runner.row_buckets) < len(layout)  # rows left: the next call re-packs them
+        if self.overlap and drafts is None and not smaller and self._may_look_ahead(rows, plan):
+            self._ahead = _Ahead(
+                layout,
+                [r.seq.computed + 1 if r is not None else -1 for r in layout],
+                self.runner.decode_next(launched, layout),
+            )
+        return self.runner.results(self.runner.fetch(launched), where)
+
+    def _may_look_ahead(self, rows: list[Stream], plan) -> bool:
+        if len(plan.decode) > self.slots or any(ch.last for ch in plan.chunks):  # a finished prompt joins next step
+            return False
+        for r in rows:
+            seq = r.seq
+            nxt = seq.computed + 1  # the position the next step decodes
+            if (
+                r.matcher is not None
+                or seq.replay
+                or nxt + 1 > self.context
+                or len(seq.generated) + 1 >= r.request.max_new_tokens
+                or self.scheduler.reserve(seq, nxt + 1) <= nxt  # its next page a step early, if one is free
+            ):
+                return False
+        return True
 
     def _drafts(self, stream: Stream) -> list[int]:
         """The tokens ``stream`` carries after its last one in this step (speculative): replaying after a preemption,

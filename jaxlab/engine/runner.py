@@ -16,7 +16,7 @@ after it no mix of requests compiles anything (a test counts).
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +50,14 @@ def table_widths(context: int, page_size: int) -> tuple[int, ...]:
         w *= 2
     out.append(-(-context // first) * first)
     return tuple(out)
+
+
+class Launched(NamedTuple):
+    """A step started on the device (:meth:`Runner.launch`): its arrays, still being computed."""
+
+    tokens: Any  # [rows] next tokens ([rows, 1 + k] with drafts)
+    logp: Any
+    tops: Any  # (top logprobs, their ids), or None when no row asked
 
 
 def _row(tops, r: int):
@@ -151,11 +159,19 @@ class Runner:
     def run(self, name: str, rows: Sequence, tokens, positions, width: int, table: np.ndarray | None = None):
         """One compiled step over ``rows`` (records or None): -> (next token, its logprob, top alternatives or
         None) per row, as NumPy arrays. ``table``: the page table to use instead of the rows' own (the probe)."""
+        return self.fetch(self.launch(name, rows, tokens, positions, width, table))
+
+    def launch(self, name: str, rows: Sequence, tokens, positions, width: int, table: np.ndarray | None = None):
+        """Start one compiled step (what :meth:`run` does, without waiting for it): -> a :class:`Launched` whose
+        arrays the device is still computing. ``tokens``: [rows, t] on the host, or for a decode step the [rows]
+        tokens a launched step computes (:meth:`decode_next`)."""
         samp, greedy_rows = self.sampling(rows)
         if table is None:
             table = self.table([r.seq if r is not None else None for r in rows], width)
         cache = self.cache.with_table(table)
         seeds = np.asarray([r.request.seed if r is not None else 0 for r in rows], np.uint32)
+        if name == "decode" and isinstance(tokens, np.ndarray):
+            tokens = tokens[:, 0]  # the decode program takes one token per row, shaped as a step's output
         # device_put, not jnp.asarray: converting a NumPy array with jnp.asarray compiles a small program per shape
         tokens, positions, seeds = jax.device_put((tokens, positions, seeds))
         # every program can return the top alternatives; a step computes them only when a row asked (a branch in the
@@ -169,10 +185,18 @@ class Runner:
         fn = self._steps.get(key)
         if fn is None:
             fn = self._steps[key] = self.programs.get(name, PROGRAMS[name], args, {"top": TOP_LOGPROBS})[0]
-        nxt, logp, (top_v, top_i), self.cache = fn(*args)
-        if wanted:
-            return np.asarray(nxt), np.asarray(logp), (np.asarray(top_v), np.asarray(top_i))
-        return np.asarray(nxt), np.asarray(logp), None
+        nxt, logp, tops, self.cache = fn(*args)
+        return Launched(nxt, logp, tops if wanted else None)
+
+    @staticmethod
+    def fetch(launched: Launched) -> tuple:
+        """Wait for a launched step: -> (next tokens, logprobs, (top logprobs, their ids) or None) as NumPy arrays."""
+        tops = launched.tops
+        return (
+            np.asarray(launched.tokens),
+            np.asarray(launched.logp),
+            None if tops is None else (np.asarray(tops[0]), np.asarray(tops[1])),
+        )
 
     @property
     def decode_program(self) -> tuple[str, int]:
@@ -185,9 +209,12 @@ class Runner:
         With ``k`` drafts a row also carries its own ``drafts`` (up to ``k`` tokens after its last; its pages must
         hold them). -> per record (the model's tokens after its last token and after each draft, their logprobs,
         the top alternatives of the first or None): one token each without drafts."""
+        return self.results(self.fetch(self.decode_launch(rows, drafts)), range(len(rows)))
+
+    def decode_launch(self, rows: Sequence, drafts: Sequence[Sequence[int]] | None = None) -> Launched:
+        """Start :meth:`decode`'s step without waiting for it (its rows: ``rows``, then free rows up to the
+        bucket)."""
         size = bucket(len(rows), self.row_buckets)
-        self.bucket_steps[size] = self.bucket_steps.get(size, 0) + 1
-        self.last_bucket = size
         padded = list(rows) + [None] * (size - len(rows))
         name, t = self.decode_program
         tokens = np.zeros((size, t), np.int32)
@@ -199,10 +226,34 @@ class Runner:
             tokens[r, : 1 + len(ahead)] = [row.seq.tokens[c], *ahead]
             positions[r, : 1 + len(ahead)] = np.arange(c, c + 1 + len(ahead))
             reach = max(reach, c + 1 + len(ahead))
-        out, logp, tops = self.run(name, padded, tokens, positions, self.width(reach))
+        return self._count(self.launch(name, padded, tokens, positions, self.width(reach)), size)
+
+    def decode_next(self, launched: Launched, rows: Sequence) -> Launched:
+        """Start the decode step after ``launched`` (a plain decode step) before its tokens reach the host: the same
+        rows (None: a row that no longer decodes, now free), each fed the token ``launched`` computes for it, on
+        the device, at the position after the one it decoded there. Each record's pages must hold that position
+        (its ``seq.computed`` not yet advanced past ``launched``'s)."""
+        positions = np.full((len(rows), 1), -1, np.int32)
+        reach = 0
+        for r, row in enumerate(rows):
+            if row is not None:
+                positions[r, 0] = row.seq.computed + 1
+                reach = max(reach, row.seq.computed + 2)
+        return self._count(self.launch("decode", rows, launched.tokens, positions, self.width(reach)), len(rows))
+
+    def _count(self, launched: Launched, size: int) -> Launched:
+        self.bucket_steps[size] = self.bucket_steps.get(size, 0) + 1
+        self.last_bucket = size
+        return launched
+
+    @staticmethod
+    def results(fetched: tuple, rows: Sequence[int]) -> list[tuple]:
+        """Per row index in ``rows``: (its tokens, their logprobs, its top alternatives or None) from a fetched
+        decode step (:meth:`fetch`)."""
+        out, logp, tops = fetched
         if out.ndim == 1:
             out, logp = out[:, None], logp[:, None]
-        return [(out[r].tolist(), logp[r].tolist(), _row(tops, r)) for r in range(len(rows))]
+        return [(out[r].tolist(), logp[r].tolist(), _row(tops, r)) for r in rows]
 
     def prefill(self, row, start: int, end: int) -> tuple[int, float, tuple | None]:
         """Prompt positions ``[start, end)`` of one record, left-padded to one chunk (the last column is real): ->
@@ -250,7 +301,7 @@ class Runner:
         samp, greedy_rows = self.sampling([None] * rows)
         args = (
             self.params,
-            jnp.zeros((rows, t), jnp.int32),
+            jnp.zeros((rows,) if name == "decode" else (rows, t), jnp.int32),  # decode: one token per row
             jnp.full((rows, t), -1, jnp.int32),
             self.cache.with_table(np.zeros((rows, width // self.page_size), np.int32)),
             jnp.zeros(rows, jnp.uint32),

@@ -117,7 +117,12 @@ def rows_step(
     with [B] leaves, ``greedy_rows`` [B]: :func:`~jaxlab.engine.sampling.stack_rows`; or :data:`GREEDY`), so
     its token depends on its own request and position only, never on the rows beside it. ``allowed``
     [B, ceil(V/32)] int32 is each row's grammar bitmask (:mod:`jaxlab.engine.grammar`; all ones = free): the
-    token is chosen among the allowed ones, and the logprobs stay the model's own, before the mask."""
+    token is chosen among the allowed ones, and the logprobs stay the model's own, before the mask.
+
+    ``tokens`` may be [B] (one token per row, positions [B, 1]): a decode step fed the tokens of the step before
+    as that step returned them, without a trip to the host (the continuous engine's look-ahead)."""
+    if tokens.ndim == 1:
+        tokens = tokens[:, None]
     logits, cache = next_logits(params, tokens, positions, cache, **hooks)
     keys = jax.vmap(lambda s, p: jax.random.fold_in(jax.random.key(s), p))(seeds, positions[:, -1])
     nxt = sample_rows(mask_logits(logits, allowed), keys, sampling, greedy_rows)

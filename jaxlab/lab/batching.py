@@ -195,7 +195,6 @@ def run_arrivals(engine, requests: Sequence[tuple]) -> tuple[dict, list[dict]]:
         while pending and pending[0][0] <= step:
             _, ids, n, sp, seed = pending.pop(0)
             streams[seed] = engine.add_request(ids, sp, max_new_tokens=n, seed=seed, ignore_eos=True)
-        calls = sum(engine.runner.bucket_steps.values())
         engine.step()
         sched = engine.scheduler
         history.append(
@@ -204,7 +203,7 @@ def run_arrivals(engine, requests: Sequence[tuple]) -> tuple[dict, list[dict]]:
                 "running": len(sched.running),
                 "waiting": len(sched.waiting),
                 "pages": engine.pool.used,
-                "bucket": engine.runner.last_bucket if sum(engine.runner.bucket_steps.values()) > calls else 0,
+                "bucket": engine.step_bucket,
                 "preemptions": sched.preemptions,
             }
         )

@@ -2,7 +2,7 @@
 
 Counters of requests (by endpoint and status) and tokens; gauges, after each engine step, of the queue, the
 running requests and the occupancy (running ÷ the most that may run), the KV pages held and the pool's size (the
-engine admits by memory: these say why a request waits), and the row bucket of the last decode call; histograms
+engine admits by memory: these say why a request waits), and the row bucket of the last decode call; decode calls launched a step early (taken or dropped); histograms
 of time to first token and time per output token of each finished request.
 """
 
@@ -48,6 +48,11 @@ class Metrics:
             "jaxlab_draft_tokens_accepted", "draft tokens the model agreed with (each saved a decode step)", registry=r
         )
         self.drafted = self.kept = 0
+        self.lookahead = Counter(
+            "jaxlab_lookahead_calls", "decode calls launched a step early (overlapping the host's work), by whether "
+            "the next step took them or dropped them", ["result"], registry=r,
+        )  # fmt: skip
+        self.looked = {"used": 0, "dropped": 0}
         self.ttft = Histogram(
             "jaxlab_time_to_first_token_seconds", "submit to first token", buckets=TTFT_BUCKETS, registry=r
         )
@@ -80,8 +85,12 @@ class Metrics:
             self.drafts.inc(engine.drafted - self.drafted)
             self.drafts_kept.inc(engine.accepted - self.kept)
             self.drafted, self.kept = engine.drafted, engine.accepted
-        if engine.runner.last_bucket is not None:
-            self.bucket.set(engine.runner.last_bucket)
+        for result, n in engine.ahead_steps.items():
+            if n > self.looked[result]:
+                self.lookahead.labels(result).inc(n - self.looked[result])
+                self.looked[result] = n
+        if engine.step_bucket:
+            self.bucket.set(engine.step_bucket)
 
     def finished(self, pending, reason: str) -> None:  # on the engine's thread
         self.finished_by.labels(reason).inc()

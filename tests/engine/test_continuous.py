@@ -107,6 +107,38 @@ def test_more_running_than_rows_decode_in_several_calls_with_the_same_tokens(tin
         assert streams[i].token_ids == alone(tiny_params, prompt, n, sp, seed=i), f"request {i}"
 
 
+@pytest.mark.parametrize("buckets", [False, True])
+def test_the_look_ahead_gives_the_same_tokens_and_logprobs_as_a_step_at_a_time(tiny_params, buckets):
+    """``overlap``: a step launches the next decode call before its tokens reach the host. Over arrivals at random
+    steps, preemptions, sampled and greedy rows, top logprobs and an abort, every request's tokens and logprobs equal
+    those of an engine that waits for each step, and the engine took look-ahead calls, also after a row left one
+    (with buckets, the call keeps its rows where they sat)."""
+    got, programs = {}, Programs()  # both engines compile the same programs: once
+    for overlap in (False, True):
+        eng = tiny_engine(tiny_params, programs, num_pages=1 + 16, slots=4, decode_buckets=buckets, overlap=overlap)
+        eng.warmup()
+        pending = sorted(random_mix(random.Random(7), 9), key=lambda m: m[0])
+        streams, step = {}, 0
+        with CompileCounter() as cc:
+            while pending or eng.has_work:
+                while pending and pending[0][0] <= step:
+                    _, prompt, n, sp, i = pending.pop(0)
+                    streams[i] = eng.add_request(
+                        prompt, sp, str(i), max_new_tokens=n + 8, seed=i, logprobs=True, top_logprobs=2 * (i == 3)
+                    )
+                eng.step()
+                step += 1
+                if step == 9:
+                    victim = next(s.seq.id for s in eng.requests.values() if s.seq.generated)  # one decoding
+                    eng.abort(victim)
+        assert cc.count == 0, cc.names
+        got[overlap] = {i: (s.token_ids, s.logprobs, s.top_logprobs, s.finish_reason) for i, s in streams.items()}
+        assert eng.pool.free_count == eng.pool.capacity
+    assert got[True] == got[False]
+    assert eng.scheduler.preemptions > 0 and got[True][int(victim)][3] == "abort"
+    assert eng.ahead_steps["used"] > 10, eng.ahead_steps
+
+
 def test_the_kv_budget_is_given_once_in_tokens_or_bytes(tiny_params):
     from jaxlab.engine.paged import paged_cache_bytes
 
