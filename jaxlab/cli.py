@@ -154,6 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--draft-k", type=int, default=4, metavar="K", help="draft tokens per request and step (default 4)")
     s.add_argument(
+        "--no-overlap",
+        dest="overlap",
+        action="store_false",
+        help="wait for each decode step's tokens before launching the next (default: launch it a step early, so the "
+        "host's work overlaps the device's; the tokens are the same)",
+    )
+    s.add_argument(
         "--api-key",
         default=os.environ.get("JAXLAB_API_KEY"),
         metavar="KEY",
@@ -545,6 +552,7 @@ def cmd_serve(args):
         kv_memory=args.kv_memory,
         context=args.context,
         speculative=args.draft_k if args.speculative else 0,
+        overlap=args.overlap,
         host=args.host,
         port=args.port,
         allowed_hosts=tuple(h for h in args.allowed_hosts.split(",") if h.strip()),

@@ -139,6 +139,13 @@ def test_serve_on_a_busy_port_says_so_before_loading_the_model(capsys):
     assert f"port {port} on 127.0.0.1 is in use" in one_clean_line(err) and f"--port {port + 1}" in err
 
 
+def test_serve_no_overlap_turns_the_engines_look_ahead_off():
+    from jaxlab.cli import build_parser
+
+    assert build_parser().parse_args(["serve"]).overlap is True
+    assert build_parser().parse_args(["serve", "--no-overlap"]).overlap is False
+
+
 @pytest.mark.parametrize(
     "args, code, match",
     [

@@ -248,6 +248,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--serve-kv", choices=KV_FORMATS, default=None, help="with --serve: jaxlab serve's KV cache (default int8)"
     )
     parser.add_argument(
+        "--serve-no-overlap",
+        action="store_true",
+        help="with --serve: run jaxlab serve --no-overlap (each decode step waits for the last one's tokens)",
+    )
+    parser.add_argument(
         "--llama-server",
         default=None,
         metavar="PATH",

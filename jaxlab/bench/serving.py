@@ -60,6 +60,7 @@ class ServeBench:
     kv_cache: str
     llama_server: str | None  # path of llama-server, or None: no peer
     quick: bool = False
+    overlap: bool = True  # False: jaxlab serve --no-overlap
 
 
 def llama_server_path() -> Path:
@@ -96,6 +97,7 @@ def resolve(args) -> ServeBench:
         kv_cache=getattr(args, "serve_kv", None) or SERVE_KV,
         llama_server=peer,
         quick=quick,
+        overlap=not getattr(args, "serve_no_overlap", False),
     )
     from jaxlab.engine.loading import ModelOptions
 
@@ -182,7 +184,7 @@ def jaxlab_argv(opts: ServeBench, port: int) -> list[str]:
         "--context", str(opts.prompt_len + opts.new_tokens),
         "--kv-cache", opts.kv_cache,
         "--request-timeout", "3600",
-    ] + ([] if opts.quant == "none" else ["--quant", opts.quant])  # fmt: skip
+    ] + ([] if opts.quant == "none" else ["--quant", opts.quant]) + ([] if opts.overlap else ["--no-overlap"])  # fmt: skip
 
 
 def llama_argv(opts: ServeBench, port: int, gguf: Path) -> list[str]:
@@ -466,7 +468,9 @@ def run_serve(args, out) -> int:
         ),
         "what": [
             f"jaxlab serve: continuous batching over a paged KV cache, {opts.quant} weights (re-quantized from the "
-            f"GGUF's dequantized Q4_1), {opts.kv_cache} KV cache, XLA:CPU; the load generator shares the machine",
+            f"GGUF's dequantized Q4_1), {opts.kv_cache} KV cache, XLA:CPU, "
+            + ("each decode call launched a step early (look-ahead)" if opts.overlap else "--no-overlap")
+            + "; the load generator shares the machine",
             "llama-server: llama.cpp's own Q4_1 kernels on the GGUF's 4-bit weights, f16 KV cache, -t 2 threads, "
             "continuous batching over -np slots"
             if opts.llama_server

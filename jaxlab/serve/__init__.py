@@ -29,7 +29,8 @@ def engine_for(params, tokenizer, options: ServeOptions, cache_dtype=None):
     buckets, up to ``--max-running`` requests at once, admitted by the KV memory: ``--kv-tokens`` positions, or
     ``--kv-memory`` of the memory free now (:func:`jaxlab.tools.hardware.free_memory_bytes`), or by default
     ``--max-batch`` x ``--context`` (the pool a fixed-slot server had). ``--speculative ngram``: each greedy request
-    carries up to ``--draft-k`` prompt-lookup drafts per step."""
+    carries up to ``--draft-k`` prompt-lookup drafts per step. ``--no-overlap``: each decode step waits for the last
+    one's tokens on the host (the engine's look-ahead off)."""
     from jaxlab.engine.continuous import Engine
     from jaxlab.errors import JaxlabError
     from jaxlab.tools import hardware
@@ -50,6 +51,7 @@ def engine_for(params, tokenizer, options: ServeOptions, cache_dtype=None):
         cache_dtype=cache_dtype,
         decode_buckets=True,
         speculative=options.speculative,
+        overlap=options.overlap,
         **budget,
     )
 

@@ -59,6 +59,7 @@ class ServeOptions:
     kv_memory: float | None = None  # --kv-memory: the KV budget as a fraction of the memory free at start
     context: int = 2048  # positions per request (the model's own context caps it)
     speculative: int = 0  # --speculative ngram --draft-k K: prompt-lookup drafts per greedy request and step (0: off)
+    overlap: bool = True  # --no-overlap: False waits for each decode step's tokens before launching the next
     host: str = "127.0.0.1"
     port: int = 8000
     allowed_hosts: tuple[str, ...] = ()  # --allowed-hosts: Host names answered besides loopback and host ("*": any)

@@ -110,6 +110,8 @@ def test_options_and_their_errors(tmp_path, monkeypatch):
     argv = serving.llama_argv(serving.resolve(args(prompt_len=100, new_tokens=28, serve_slots=32)), 8080, "m.gguf")
     assert argv[argv.index("-c") + 1] == str(32 * 128) and argv[argv.index("-np") + 1] == "32"
     assert argv[argv.index("-t") + 1] == "2"
+    assert "--no-overlap" not in serving.jaxlab_argv(opts, 8080)
+    assert serving.jaxlab_argv(serving.resolve(args(serve_no_overlap=True)), 8080)[-1] == "--no-overlap"
 
 
 def test_a_server_that_dies_while_starting_is_reported_with_its_output(tmp_path, monkeypatch):

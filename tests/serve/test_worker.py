@@ -124,7 +124,8 @@ def test_an_abort_updates_the_gauges_without_waiting_for_a_step():
 
 def test_the_serving_engine_is_sized_by_its_kv_flags():
     """``jaxlab serve``'s engine: up to --max-running requests, decode calls of --max-batch rows, and a KV pool of
-    --kv-tokens positions, of --kv-memory of the free memory, or by default --max-batch x --context."""
+    --kv-tokens positions, of --kv-memory of the free memory, or by default --max-batch x --context; the look-ahead
+    on unless --no-overlap."""
     from jaxlab.engine.model import init_params
     from jaxlab.engine.paged import paged_cache_bytes
     from jaxlab.io.config import tiny
@@ -134,7 +135,8 @@ def test_the_serving_engine_is_sized_by_its_kv_flags():
     params = init_params(tiny(), 0)
     cfg, ctx = params.config, min(64, params.config.max_seq_len)
     default = engine_for(params, None, ServeOptions(slots=4, max_running=12, context=ctx))
-    assert (default.slots, default.max_running, default.runner.decode_buckets) == (4, 12, True)
+    assert (default.slots, default.max_running, default.runner.decode_buckets, default.overlap) == (4, 12, True, True)
+    assert not engine_for(params, None, ServeOptions(slots=4, context=ctx, overlap=False)).overlap  # --no-overlap
     assert default.pool.capacity * default.page_size == 4 * ctx
     given = engine_for(params, None, ServeOptions(slots=4, context=ctx, kv_tokens=10 * ctx))
     assert given.pool.capacity * given.page_size == 10 * ctx
@@ -182,6 +184,28 @@ def test_metrics_count_preemptions_and_show_the_pool_and_bucket():
     assert engine.scheduler.preemptions > 0 and held == 12 and value("jaxlab_kv_pages_total") == 12
     assert value("jaxlab_decode_bucket_rows") == 3 and value("jaxlab_kv_pages_held") == 0
     assert 0 < engine.accepted <= engine.drafted
+
+
+def test_metrics_count_the_decode_calls_launched_a_step_early():
+    """/metrics' look-ahead counter follows the engine's: calls the next step took, and dropped."""
+    from jaxlab.engine.continuous import Engine
+    from jaxlab.engine.model import init_params
+    from jaxlab.io.config import tiny
+    from jaxlab.serve.metrics import Metrics
+
+    engine = Engine(init_params(tiny(), 0), slots=2, page_size=4, chunk=8, context=64)
+    metrics = Metrics(engine)
+
+    def value(result):
+        line = f'jaxlab_lookahead_calls_total{{result="{result}"}} '
+        return float(next(x for x in metrics.render().decode().splitlines() if x.startswith(line)).split()[-1])
+
+    for i in range(2):
+        engine.add_request([1] + [5 + i] * 9, max_new_tokens=12 + 5 * i, ignore_eos=True)
+    while engine.has_work:
+        engine.step()
+        metrics.step(engine)
+    assert engine.ahead_steps["used"] > 5 and value("used") == engine.ahead_steps["used"]
 
 
 class OneTokenEngine:
