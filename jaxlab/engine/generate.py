@@ -234,17 +234,25 @@ def host_loop(
     t_prefill = time.perf_counter() - t0 - compile_s
 
     t1, compile_before, pos = time.perf_counter(), compile_s, lens  # pos: where each row's next token goes
+    ahead = None
     for step in range(max_new_tokens):
+        # the next decode call is launched before this step's tokens are read (it takes them on the device), so
+        # the host's work on them (stops, streaming, the next call's dispatch) overlaps the device's next step
+        ahead = placement.decode(nxt, pos, cache) if step < max_new_tokens - 1 else None
+        if step:
+            ids = placement.host_tokens(nxt)
         logp = placement.host_logprobs(out, ids) if rows.logprobs else [None] * len(ids)
         for i in range(len(prompts)):
             rows.push(i, int(ids[i]), logp[i])
-        if rows.done or step == max_new_tokens - 1:
+        if rows.done or ahead is None:
             break
-        nxt, out, cache, seconds = placement.decode(nxt, pos, cache)
+        nxt, out, cache, seconds = ahead
         compile_s += seconds
-        ids = placement.host_tokens(nxt)
         pos = pos + 1
     t_decode = time.perf_counter() - t1 - (compile_s - compile_before)
+    if ahead is not None:  # every row stopped early: the call launched for the next step is not needed
+        compile_s += ahead[3]
+        jax.block_until_ready(ahead[0])  # (not timed) so that it does not run into the caller's next work
     return rows.results(prompts, t_prefill, t_decode, compile_s)
 
 
