@@ -3,7 +3,9 @@
 :class:`Runner` knows nothing of queues or admission (:mod:`~jaxlab.engine.scheduler` decides who runs) nor of
 text (:class:`~jaxlab.engine.continuous.Engine` turns tokens into outputs). Given the request records a step runs,
 it packs their tokens, positions, page tables, sampling rows, seeds and grammar masks into fixed shapes, runs the
-compiled program and returns each row's token, logprob and (when asked) top alternatives.
+compiled program and returns each row's token, logprob and (when asked) top alternatives. A step may be started and
+read apart (:meth:`Runner.launch`, :meth:`Runner.fetch`): the engine's look-ahead starts the next decode call, fed
+this one's tokens on the device (:meth:`Runner.decode_next`), before it reads them.
 
 Compiled shapes are fixed: the decode program takes ``slots`` rows of one token (or a smaller row bucket, with
 ``decode_buckets``; with ``speculative=k``, one token and up to ``k`` drafts per row: the verify program), the
