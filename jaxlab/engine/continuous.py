@@ -288,7 +288,7 @@ class Engine:
         self.overlap = overlap  # launch the next decode call before this one's tokens reach the host (_decode)
         self._ahead: _Ahead | None = None
         self.ahead_steps = {"used": 0, "dropped": 0}  # look-ahead calls a step took, and dropped
-        self.step_bucket = 0  # the row bucket of the last step's (last) decode call; 0 when it decoded nothing
+        self.last_bucket: int | None = None  # the row bucket of the last decode call a step took
 
     @property
     def programs(self):
@@ -389,7 +389,6 @@ class Engine:
         """Admit, decode one token per running sequence, prefill chunks under the budget; -> what each
         request got in this step."""
         plan = self.scheduler.schedule()
-        self.step_bucket = 0
         if plan.empty:
             if self._ahead is not None:  # every row finished
                 self._ahead, self.ahead_steps["dropped"] = None, self.ahead_steps["dropped"] + 1
@@ -445,14 +444,14 @@ class Engine:
             if early is not None:
                 self.ahead_steps["dropped"] += 1
             launched = self.runner.decode_launch(rows, drafts)
-            layout: list[Stream | None] = list(rows) + [None] * (self.runner.last_bucket - len(rows))
+            layout: list[Stream | None] = list(rows) + [None] * (len(launched.tokens) - len(rows))
             where = list(range(len(rows)))
         else:
             self.ahead_steps["used"] += 1
             launched = early.launched
             kept = {id(r) for r in rows}
             layout = [r if r is not None and id(r) in kept else None for r in early.layout]
-        self.step_bucket = len(layout)
+        self.last_bucket = len(layout)
         smaller = bucket(len(rows), self.runner.row_buckets) < len(layout)  # rows left: the next call re-packs them
         if self.overlap and drafts is None and not smaller and self._may_look_ahead(rows, plan):
             self._ahead = _Ahead(

@@ -106,7 +106,6 @@ class Runner:
         self.verdicts: Verdicts | None = None  # where warmup keeps the probe's verdicts (None: Verdicts(), beside
         # the persistent compile cache when one is on)
         self.bucket_steps: dict[int, int] = {}  # bucket -> decode calls it ran
-        self.last_bucket: int | None = None  # the row bucket of the last decode call
         self.mask_seconds = 0.0  # host time spent filling grammar masks (structured output)
         self._free_masks: dict[int, jax.Array] = {}  # rows -> the all-ones grammar bitmask, on the device
         self._flags = {w: jax.device_put(np.bool_(w)) for w in (False, True)}  # "a row wants top logprobs"
@@ -205,17 +204,12 @@ class Runner:
         """(program name, tokens per row) of a decode call: one token, or with drafts one token and ``k`` drafts."""
         return ("verify", 1 + self.k) if self.k else ("decode", 1)
 
-    def decode(self, rows: Sequence, drafts: Sequence[Sequence[int]] | None = None) -> list[tuple]:
-        """One step for each record in ``rows`` (at most ``slots``), packed into the first rows of the smallest row
-        bucket that holds them (a row reads only its own pages, so which row a sequence takes does not matter).
-        With ``k`` drafts a row also carries its own ``drafts`` (up to ``k`` tokens after its last; its pages must
-        hold them). -> per record (the model's tokens after its last token and after each draft, their logprobs,
-        the top alternatives of the first or None): one token each without drafts."""
-        return self.results(self.fetch(self.decode_launch(rows, drafts)), range(len(rows)))
-
     def decode_launch(self, rows: Sequence, drafts: Sequence[Sequence[int]] | None = None) -> Launched:
-        """Start :meth:`decode`'s step without waiting for it (its rows: ``rows``, then free rows up to the
-        bucket)."""
+        """Start one step for each record in ``rows`` (at most ``slots``), packed into the first rows of the smallest
+        row bucket that holds them (a row reads only its own pages, so which row a sequence takes does not matter; the
+        call's row count is ``len(launched.tokens)``). With ``k`` drafts a row also carries its own ``drafts`` (up to
+        ``k`` tokens after its last; its pages must hold them). :meth:`results` reads per record the model's tokens
+        after its last token and after each draft, their logprobs, the top alternatives of the first or None."""
         size = bucket(len(rows), self.row_buckets)
         padded = list(rows) + [None] * (size - len(rows))
         name, t = self.decode_program
@@ -245,7 +239,6 @@ class Runner:
 
     def _count(self, launched: Launched, size: int) -> Launched:
         self.bucket_steps[size] = self.bucket_steps.get(size, 0) + 1
-        self.last_bucket = size
         return launched
 
     @staticmethod

@@ -195,6 +195,7 @@ def run_arrivals(engine, requests: Sequence[tuple]) -> tuple[dict, list[dict]]:
         while pending and pending[0][0] <= step:
             _, ids, n, sp, seed = pending.pop(0)
             streams[seed] = engine.add_request(ids, sp, max_new_tokens=n, seed=seed, ignore_eos=True)
+        calls = engine.row_calls
         engine.step()
         sched = engine.scheduler
         history.append(
@@ -203,7 +204,7 @@ def run_arrivals(engine, requests: Sequence[tuple]) -> tuple[dict, list[dict]]:
                 "running": len(sched.running),
                 "waiting": len(sched.waiting),
                 "pages": engine.pool.used,
-                "bucket": engine.step_bucket,
+                "bucket": engine.last_bucket if engine.row_calls > calls else 0,
                 "preemptions": sched.preemptions,
             }
         )

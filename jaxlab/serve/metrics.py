@@ -2,8 +2,9 @@
 
 Counters of requests (by endpoint and status) and tokens; gauges, after each engine step, of the queue, the
 running requests and the occupancy (running ÷ the most that may run), the KV pages held and the pool's size (the
-engine admits by memory: these say why a request waits), and the row bucket of the last decode call; decode calls launched a step early (taken or dropped); histograms
-of time to first token and time per output token of each finished request.
+engine admits by memory: these say why a request waits), and the row bucket of the last decode call; decode calls
+launched a step early (taken or dropped); histograms of time to first token and time per output token of each
+finished request.
 """
 
 from __future__ import annotations
@@ -89,8 +90,8 @@ class Metrics:
             if n > self.looked[result]:
                 self.lookahead.labels(result).inc(n - self.looked[result])
                 self.looked[result] = n
-        if engine.step_bucket:
-            self.bucket.set(engine.step_bucket)
+        if engine.last_bucket is not None:
+            self.bucket.set(engine.last_bucket)
 
     def finished(self, pending, reason: str) -> None:  # on the engine's thread
         self.finished_by.labels(reason).inc()

@@ -41,7 +41,7 @@ class InstantEngine:
     """Finishes every request in one step with one token (a logprob, and alternatives when asked)."""
 
     slots, max_running, context, page_size = 4, 4, CONTEXT, 16
-    step_bucket = 0  # the row bucket of the last step's decode call (none run)
+    last_bucket = None  # the row bucket of the last decode call (none run)
     drafted = accepted = 0  # no speculative drafts
     ahead_steps = {"used": 0, "dropped": 0}  # no decode call launched a step early
     tokenizer = Tokenizer()
