@@ -280,7 +280,7 @@ def step_ratios(params, quick: bool, reps: int, log) -> list[dict]:
 
     from jaxlab.engine.grammar import allow_all
     from jaxlab.engine.kvcache import init_cache
-    from jaxlab.engine.paged import init_paged_cache
+    from jaxlab.engine.paged import init_paged_cache, key_layout_for
     from jaxlab.engine.steps import GREEDY, jit_decode, jit_rows
 
     shapes = QUICK_STEP_SHAPES if quick else STEP_SHAPES
@@ -301,7 +301,9 @@ def step_ratios(params, quick: bool, reps: int, log) -> list[dict]:
                     state["out"], _, state["cache"] = contiguous(params, tok, pos, state["cache"], key, GREEDY)
                 state["out"].block_until_ready()
 
-            pool = init_paged_cache(cfg, b * ctx // 16 + 1, 16, dtype=params.policy.jnp_dtype)  # the engine's pool
+            dtype = params.policy.jnp_dtype  # the engine's pool, its key layout included
+            layout = key_layout_for(params.policy.attention, dtype)
+            pool = init_paged_cache(cfg, b * ctx // 16 + 1, 16, dtype=dtype, key_layout=layout)
             table = np.arange(1, b * ctx // 16 + 1, dtype=np.int32).reshape(b, ctx // 16)
             pcache = pool.with_table(table)
             free = jax.device_put(allow_all(b, cfg.vocab_size))

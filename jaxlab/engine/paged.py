@@ -1,8 +1,12 @@
 """The paged KV cache: fixed-size pages in one pool, a page table per sequence, attention read through it.
 
-Layout, per layer: ``k`` and ``v`` of shape [n_kv_heads, num_pages, page_size, head_dim] — the layout of
-the Pallas TPU paged-attention kernel (``jax.experimental.pallas.ops.tpu.paged_attention``: k_pages
-[num_kv_heads, total_num_pages, page_size, head_dim]), so a kernel can read it as it is. ``page_table``
+Layout, per layer: ``v`` of shape [n_kv_heads, num_pages, page_size, head_dim], and ``k`` the same
+(``key_layout="sd"``: the layout of the Pallas TPU paged-attention kernel,
+``jax.experimental.pallas.ops.tpu.paged_attention``: k_pages [num_kv_heads, total_num_pages, page_size, head_dim],
+so a kernel can read it as it is) or each page's keys transposed, [n_kv_heads, num_pages, head_dim, page_size]
+(``key_layout="ds"``, what :func:`key_layout_for` gives XLA:CPU: a block of gathered keys is then [rows, head_dim,
+positions], and XLA:CPU's batched float32 matmul computes the scores ``q . k`` about 2x faster from it than from
+[rows, positions, head_dim]; same bits; benchmarks/NOTES.md 17). ``page_table``
 [rows, pages_per_row] int32 says where each row's pages are: row ``r``'s token at position ``p`` lives in page
 ``page_table[r, p // page_size]`` at offset ``p % page_size``. A row stores no padding: its positions run
 0, 1, 2, ... and each row has its own length, so rows of one batch start, grow and finish independently.
@@ -28,7 +32,7 @@ The host side (which pages are free, which row holds which, prefix reuse) is :mo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import jax
@@ -50,15 +54,16 @@ Matmul = Callable[[str, jax.Array, jax.Array], jax.Array]  # (einsum spec, a, b)
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class PagedKVCache:
-    k: tuple  # per layer [KVH, num_pages, page_size, Hd]
+    k: tuple  # per layer [KVH, num_pages, page_size, Hd], or [KVH, num_pages, Hd, page_size] (key_layout "ds")
     v: tuple  # per layer [KVH, num_pages, page_size, Hd]
     page_table: jax.Array  # [rows, pages_per_row] int32; 0 = the null page
     k_scale: tuple = ()  # int8 pages only: per layer [KVH, num_pages, page_size] float32
     v_scale: tuple = ()
+    key_layout: str = field(default="sd", metadata=dict(static=True))  # "sd" or "ds" (see the module's docstring)
 
     @property
     def page_size(self) -> int:
-        return self.k[0].shape[2]
+        return self.v[0].shape[2]
 
     @property
     def num_pages(self) -> int:
@@ -85,19 +90,20 @@ class PagedKVCache:
         table = (
             jax.device_put(np.asarray(page_table, np.int32)) if not isinstance(page_table, jax.Array) else page_table
         )
-        return PagedKVCache(self.k, self.v, table, self.k_scale, self.v_scale)
+        return PagedKVCache(self.k, self.v, table, self.k_scale, self.v_scale, self.key_layout)
 
     def layer(self, i: int) -> PagedLayer:
         """Layer ``i``'s pools and the table, as its attention sees them."""
         scales = (self.k_scale[i], self.v_scale[i]) if self.k_scale else (None, None)
-        return PagedLayer(self.k[i], self.v[i], self.page_table, *scales)
+        return PagedLayer(self.k[i], self.v[i], self.page_table, *scales, key_layout=self.key_layout)
 
     def with_layers(self, layers: Sequence[PagedLayer]) -> PagedKVCache:
         """The cache after a pass: every layer's pools as :meth:`PagedLayer.write` left them, the same table."""
         scales = {}
         if self.k_scale:
             scales = dict(k_scale=tuple(x.k_scale for x in layers), v_scale=tuple(x.v_scale for x in layers))
-        return PagedKVCache(tuple(x.k for x in layers), tuple(x.v for x in layers), self.page_table, **scales)
+        k, v = tuple(x.k for x in layers), tuple(x.v for x in layers)
+        return PagedKVCache(k, v, self.page_table, **scales, key_layout=self.key_layout)
 
 
 @jax.tree_util.register_dataclass
@@ -106,11 +112,12 @@ class PagedLayer:
     """One layer's pools and the table, as the attention of that layer sees them: the interface of the contiguous
     :class:`~jaxlab.engine.kvcache.KVLayer` (:meth:`write`, then :meth:`attend`), over pages."""
 
-    k: jax.Array  # [KVH, num_pages, page_size, Hd]
+    k: jax.Array  # [KVH, num_pages, page_size, Hd], or [KVH, num_pages, Hd, page_size] (key_layout "ds")
     v: jax.Array  # [KVH, num_pages, page_size, Hd]
     page_table: jax.Array  # [rows, pages_per_row] int32
     k_scale: jax.Array | None = None  # int8 pages only: [KVH, num_pages, page_size] float32
     v_scale: jax.Array | None = None
+    key_layout: str = field(default="sd", metadata=dict(static=True))
 
     def write(self, k: jax.Array, v: jax.Array, positions: jax.Array) -> PagedLayer:
         """k, v [B, T, KVH, Hd] of tokens at ``positions`` [B, T] stored in their rows' pages (:func:`write_pages`)."""
@@ -138,12 +145,31 @@ def kv_tokens_for(cfg: LlamaConfig, budget_bytes: int, page_size: int, dtype=jnp
     return max(0, budget_bytes // page - 1) * page_size
 
 
+def key_layout_for(attention: str, dtype, backend: str | None = None) -> str:
+    """The key layout of an engine's pool: "ds" (each page's keys transposed) for float32 pages where XLA:CPU
+    computes the attention, else "sd": the Pallas kernels' layout (on a TPU a [.., head_dim, 16] page would pad its
+    16 positions to 128 lanes), and int8 pages' (their int8 matmul ran 5-19 % slower from "ds", measured on the
+    same CPU: benchmarks/NOTES.md 17)."""
+    cpu = (backend or jax.default_backend()) == "cpu"
+    return "ds" if attention == "xla" and cpu and jnp.dtype(dtype) == jnp.float32 else "sd"
+
+
 def init_paged_cache(
-    cfg: LlamaConfig, num_pages: int, page_size: int, rows: int = 1, pages_per_row: int = 1, dtype=jnp.float32
+    cfg: LlamaConfig,
+    num_pages: int,
+    page_size: int,
+    rows: int = 1,
+    pages_per_row: int = 1,
+    dtype=jnp.float32,
+    key_layout: str = "sd",
 ) -> PagedKVCache:
     """An empty pool of ``num_pages`` pages (page 0 the null page) and a table of ``rows`` x ``pages_per_row``
-    pointing at the null page; ``dtype="int8"`` gives int8 pages with their scales."""
+    pointing at the null page; ``dtype="int8"`` gives int8 pages with their scales. ``key_layout``: "sd" or "ds"
+    (the module's docstring; :func:`key_layout_for`)."""
+    if key_layout not in ("sd", "ds"):
+        raise ValueError(f"key_layout is 'sd' or 'ds', got {key_layout!r}")
     shape = (cfg.n_kv_heads, num_pages, page_size, cfg.head_dim)
+    k_shape = shape if key_layout == "sd" else (cfg.n_kv_heads, num_pages, cfg.head_dim, page_size)
     dtype = jnp.dtype(dtype)
     scales = {}
     if dtype == jnp.int8:
@@ -152,17 +178,18 @@ def init_paged_cache(
     elif not jnp.issubdtype(dtype, jnp.floating):
         raise ValueError(f"KV cache dtype must be a float type or int8, got {dtype}")
     return PagedKVCache(
-        k=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)),
+        k=tuple(jnp.zeros(k_shape, dtype) for _ in range(cfg.n_layers)),
         v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)),
         page_table=jnp.zeros((rows, pages_per_row), jnp.int32),
         **scales,
+        key_layout=key_layout,
     )
 
 
 def write_pages(layer: PagedLayer, k: jax.Array, v: jax.Array, positions: jax.Array) -> PagedLayer:
     """Store the new keys and values k, v [B, T, KVH, Hd] of tokens at ``positions`` [B, T] (-1: padding,
     written to the null page) into the layer's pages; a scatter, in place when the cache is donated."""
-    ps = layer.k.shape[2]
+    ps = layer.v.shape[2]
     b, t, kvh, hd = k.shape
     valid = positions >= 0
     safe = jnp.where(valid, positions, 0)
@@ -170,20 +197,16 @@ def write_pages(layer: PagedLayer, k: jax.Array, v: jax.Array, positions: jax.Ar
     off = jnp.where(valid, safe % ps, 0).reshape(-1)
     kn = k.transpose(2, 0, 1, 3).reshape(kvh, b * t, hd)
     vn = v.transpose(2, 0, 1, 3).reshape(kvh, b * t, hd)
+    scales = {}
     if layer.k_scale is not None:
-        (kq, ks), (vq, vs) = quantize_kv(kn, axis=2), quantize_kv(vn, axis=2)
-        return PagedLayer(
-            layer.k.at[:, page, off].set(kq),
-            layer.v.at[:, page, off].set(vq),
-            layer.page_table,
-            layer.k_scale.at[:, page, off].set(ks),
-            layer.v_scale.at[:, page, off].set(vs),
-        )
-    return PagedLayer(
-        layer.k.at[:, page, off].set(kn.astype(layer.k.dtype)),
-        layer.v.at[:, page, off].set(vn.astype(layer.v.dtype)),
-        layer.page_table,
-    )
+        (kn, ks), (vn, vs) = quantize_kv(kn, axis=2), quantize_kv(vn, axis=2)
+        scales = dict(k_scale=layer.k_scale.at[:, page, off].set(ks), v_scale=layer.v_scale.at[:, page, off].set(vs))
+    if layer.key_layout == "sd":
+        keys = layer.k.at[:, page, off].set(kn.astype(layer.k.dtype))
+    else:  # [KVH, N, Hd, ps]: the indexed axes (page, offset) come first in the update, [B*T, KVH, Hd]
+        keys = layer.k.at[:, page, :, off].set(kn.transpose(1, 0, 2).astype(layer.k.dtype))
+    values = layer.v.at[:, page, off].set(vn.astype(layer.v.dtype))
+    return PagedLayer(keys, values, layer.page_table, **scales, key_layout=layer.key_layout)
 
 
 def _gather(pool: jax.Array, pages: jax.Array) -> jax.Array:
@@ -194,19 +217,29 @@ def _gather(pool: jax.Array, pages: jax.Array) -> jax.Array:
     return g.reshape(b * kvh, p * ps, *g.shape[4:])
 
 
+def _gather_keys(layer: PagedLayer, pages: jax.Array) -> jax.Array:
+    """The keys of ``pages`` [B, P]: [B*KVH, P*ps, Hd] ("sd"), or [B*KVH, Hd, P*ps] ("ds")."""
+    if layer.key_layout == "sd":
+        return _gather(layer.k, pages)
+    g = layer.k[:, pages].transpose(1, 0, 3, 2, 4)  # [KVH, B, P, Hd, ps] -> [B, KVH, Hd, P, ps]
+    b, kvh, hd, p, ps = g.shape
+    return g.reshape(b * kvh, hd, p * ps)
+
+
 def _block(q, layer: PagedLayer, pages, first: int | jax.Array, positions, matmul: Matmul, scale: float):
     """Scores and values of one block of pages: (scores [B*KVH, G*T, S] masked, values [B*KVH, S, Hd],
     value scales [B*KVH, S] or None)."""
     b, t = positions.shape
     bk, gt, _ = q.shape
-    k, v = _gather(layer.k, pages), _gather(layer.v, pages)
+    k, v = _gather_keys(layer, pages), _gather(layer.v, pages)
+    by_dim = layer.key_layout == "ds"  # k [B*KVH, Hd, S]: the scores contract its axis 1
     if layer.k_scale is not None:
-        scores = int8_bmm(q, k, 2) * _gather(layer.k_scale, pages)[:, None, :]
+        scores = int8_bmm(q, k, 1 if by_dim else 2) * _gather(layer.k_scale, pages)[:, None, :]
         v_scale = _gather(layer.v_scale, pages)
     else:
-        scores = matmul("nqd,nsd->nqs", q, k)
+        scores = matmul("nqd,nds->nqs" if by_dim else "nqd,nsd->nqs", q, k)
         v_scale = None
-    s = k.shape[1]
+    s = v.shape[1]
     scores = scores.astype(jnp.float32).reshape(b, bk // b, gt // t, t, s) * scale
     key_pos = first + jnp.arange(s)
     visible = key_pos[None, None, :] <= positions[:, :, None]  # [B, T, S]; padding queries (-1) see nothing
@@ -227,7 +260,7 @@ def read_pages(q: jax.Array, layer: PagedLayer, positions: jax.Array, matmul: Ma
     :func:`write_pages`). ``matmul(spec, a, b)`` is the model's float matmul (its dtype and precision)."""
     b, t, kvh, g, hd = q.shape
     qn = q.transpose(0, 2, 3, 1, 4).reshape(b * kvh, g * t, hd)  # [B*KVH, G*T, Hd], as the contiguous cache
-    ps, pages_per_row = layer.k.shape[2], layer.page_table.shape[1]
+    ps, pages_per_row = layer.v.shape[2], layer.page_table.shape[1]
     scale = hd**-0.5
     per_block = max(1, min(pages_per_row, BLOCK_TOKENS // ps))
     if pages_per_row <= per_block:
@@ -261,6 +294,11 @@ def pallas_paged(q: jax.Array, layer: PagedLayer, positions: jax.Array, policy) 
     :class:`~jaxlab.engine.model.Policy` (the kernel's matmul dtype and precision)."""
     if layer.k_scale is not None:
         raise ConfigError("attention='pallas' reads float pages: drop the int8 cache, or use attention 'xla'")
+    if layer.key_layout != "sd":
+        raise ConfigError(
+            "attention='pallas' reads keys laid out [KVH, pages, page_size, Hd] (key_layout 'sd'); this pool was made"
+            " for XLA's attention (key_layout 'ds'): make the engine with the pallas policy, or use attention 'xla'"
+        )
     b, t, kvh, g, hd = q.shape
     qn = q.transpose(0, 2, 3, 1, 4).reshape(b, kvh, g * t, hd)  # query (g, t) at row g*T + t
     out = paged_attention(

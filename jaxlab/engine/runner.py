@@ -27,7 +27,7 @@ import numpy as np
 from jaxlab.engine import paged
 from jaxlab.engine.grammar import allow_all
 from jaxlab.engine.model import Params
-from jaxlab.engine.paged import init_paged_cache
+from jaxlab.engine.paged import init_paged_cache, key_layout_for
 from jaxlab.engine.plan import TOP_LOGPROBS, bucket
 from jaxlab.engine.programs import Programs, Verdicts
 from jaxlab.engine.sampling import SamplingParams, stack_rows
@@ -97,7 +97,8 @@ class Runner:
         self.slots, self.page_size, self.chunk, self.context = slots, page_size, chunk, context
         self.widths = table_widths(context, page_size)
         self.cache_dtype = jnp.dtype(cache_dtype)
-        self.cache = init_paged_cache(self.config, num_pages, page_size, dtype=self.cache_dtype)
+        layout = key_layout_for(params.policy.attention, self.cache_dtype)  # keys transposed: XLA:CPU, float32
+        self.cache = init_paged_cache(self.config, num_pages, page_size, dtype=self.cache_dtype, key_layout=layout)
         self.programs = Programs()
         self.decode_buckets = decode_buckets
         self.row_buckets: tuple[int, ...] = (slots,)  # the decode row counts in use (warmup() may add smaller ones)

@@ -39,15 +39,16 @@ def contiguous_logits(params, prompts, steps, dtype=jnp.float32, fwd=jit_forward
     return greedy_steps(params, logits[:, 0], prompts, cache, steps, fwd)
 
 
-def paged_logits(params, prompts, steps, page_size, width, dtype=jnp.float32, seed=0, fwd=jit_forward):
+def paged_logits(params, prompts, steps, page_size, width, dtype=jnp.float32, seed=0, fwd=jit_forward, layout="sd"):
     """The same with a paged cache: each row's pages scattered at random over the pool; prompts prefilled
-    row by row in one call each (right-aligned in a chunk of the longest length), then decode steps for all rows."""
+    row by row in one call each (right-aligned in a chunk of the longest length), then decode steps for all rows.
+    ``layout``: the pool's key layout ("sd", or "ds": each page's keys transposed)."""
     cfg = params.config
     rng = np.random.default_rng(seed)
     per_row = width // page_size
     pool = 1 + len(prompts) * per_row
     order = rng.permutation(np.arange(1, pool)).reshape(len(prompts), per_row)
-    cache = init_paged_cache(cfg, pool, page_size, dtype=dtype)
+    cache = init_paged_cache(cfg, pool, page_size, dtype=dtype, key_layout=layout)
     longest = max(len(p) for p in prompts)
     firsts = []
     for r, p in enumerate(prompts):
@@ -81,6 +82,42 @@ def test_int8_pages_equal_the_int8_contiguous_cache():
     np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_keys_transposed_in_their_pages_give_the_same_logits(dtype, monkeypatch):
+    """The pool with each page's keys transposed ("ds", what XLA:CPU's float32 engine uses) computes what the Pallas
+    kernels' layout ("sd") does: one read and block by block, prefill chunks and decode steps."""
+    params = init_params(tiny(), 5)
+    sd = paged_logits(params, PROMPTS, 4, 4, width=32, dtype=dtype)  # the shapes of the tests above: no new program
+    ds = paged_logits(params, PROMPTS, 4, 4, width=32, dtype=dtype, layout="ds")
+    np.testing.assert_allclose(np.asarray(ds), np.asarray(sd), atol=1e-6, rtol=0)
+    assert (np.argmax(ds, -1) == np.argmax(sd, -1)).all()
+    if dtype == "int8":  # its keys go through the same gather; the loop is the float32 case's
+        return
+    monkeypatch.setattr(paged, "BLOCK_TOKENS", 8)  # 4 blocks of 2 pages: the gather inside the loop
+    blocks = paged_logits(params, PROMPTS, 4, 4, width=32, dtype=dtype, fwd=fresh_jit(), layout="ds")
+    np.testing.assert_allclose(np.asarray(blocks), np.asarray(sd), atol=1e-5, rtol=0)
+
+
+def test_the_key_layout_follows_backend_attention_and_dtype():
+    from jaxlab.engine.kernels import paged_attention  # noqa: F401  (the kernel reads "sd" pages)
+    from jaxlab.engine.model import default_policy
+    from jaxlab.errors import ConfigError
+
+    assert paged.key_layout_for("xla", jnp.float32, "cpu") == "ds"
+    assert paged.key_layout_for("xla", jnp.int8, "cpu") == "sd"  # the int8 matmul was slower from "ds"
+    assert paged.key_layout_for("pallas", jnp.float32, "cpu") == "sd"
+    assert paged.key_layout_for("xla", jnp.float32, "tpu") == "sd"
+    with pytest.raises(ValueError, match="'sd' or 'ds'"):
+        init_paged_cache(tiny(), 3, 4, key_layout="dsd")
+    cfg = tiny()
+    c = init_paged_cache(cfg, 5, 4, key_layout="ds").with_table(np.asarray([[1, 2]]))
+    assert c.k[0].shape == (cfg.n_kv_heads, 5, cfg.head_dim, 4) and c.page_size == 4 and c.width == 8
+    assert c.layer(0).key_layout == "ds" and c.with_layers([c.layer(0)] * cfg.n_layers).key_layout == "ds"
+    q = jnp.zeros((1, 1, cfg.n_kv_heads, cfg.q_per_kv, cfg.head_dim))
+    with pytest.raises(ConfigError, match="key_layout 'ds'"):
+        paged.pallas_paged(q, c.layer(0), jnp.zeros((1, 1), jnp.int32), default_policy())
+
+
 def fresh_jit():
     """``forward`` jitted anew: a trace of its own, which sees module constants as they are now (a shared jitted
     ``forward`` reuses its trace for the same shapes and would not see a monkeypatched constant)."""
@@ -99,15 +136,19 @@ def test_reading_in_blocks_equals_one_read(monkeypatch):
         paged_logits(params, PROMPTS, 1, 4, width=32, fwd=fresh_jit())
 
 
-def test_padding_writes_only_the_null_page():
+@pytest.mark.parametrize("layout", ["sd", "ds"])
+def test_padding_writes_only_the_null_page(layout):
     params = init_params(tiny(), 3)
     cfg = params.config
-    cache = init_paged_cache(cfg, 5, 4, rows=2, pages_per_row=2)
+    cache = init_paged_cache(cfg, 5, 4, rows=2, pages_per_row=2, key_layout=layout)
     cache = cache.with_table(np.asarray([[1, 2], [3, 4]]))
     tokens = jnp.asarray([[0, 0, 7, 8], [5, 6, 7, 8]])
     positions = jnp.asarray([[-1, -1, 0, 1], [-1, -1, -1, -1]])  # row 1 is idle
     _, cache = jit_forward(params, tokens, positions, cache, last_only=True)
     k = np.asarray(cache.k[0])  # [KVH, pages, page_size, Hd]
+    if layout == "ds":  # [KVH, pages, Hd, page_size]: the same keys, each page transposed
+        k = k.transpose(0, 1, 3, 2)
+        np.testing.assert_array_equal(np.asarray(cache.v[0])[:, 1, :2] != 0, k[:, 1, :2] != 0)
     assert np.abs(k[:, 1, :2]).sum() > 0 and np.abs(k[:, 1, 2:]).sum() == 0  # row 0's two tokens, page 1
     assert np.abs(k[:, 2:]).sum() == 0  # nothing else but the null page
     assert np.abs(k[:, 0]).sum() > 0
