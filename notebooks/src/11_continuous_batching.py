@@ -70,7 +70,9 @@ print(f"static: {steps['static']} steps, continuous: {steps['continuous']} steps
 # ## 2 · Pages and the page table
 #
 # `jaxlab.engine.paged` stores keys and values in **pages** of `page_size` positions in one pool per layer,
-# shaped `[kv_heads, num_pages, page_size, head_dim]` (the layout the Pallas TPU paged-attention kernel reads).
+# shaped `[kv_heads, num_pages, page_size, head_dim]` (the layout the Pallas TPU paged-attention kernel reads; on a
+# CPU the float32 engine keeps each page's keys transposed, `[kv_heads, num_pages, head_dim, page_size]`: XLA:CPU's
+# score matmul runs about twice as fast from them, `benchmarks/NOTES.md` 17).
 # Each sequence has a **page table**: its position *p* lives in page `table[p // page_size]` at offset
 # `p % page_size`. Pages are taken one at a time as a sequence grows, so a sequence holds at most one
 # partly filled page, and finished sequences give their pages back at once. Page 0 is a *null page* that no
