@@ -148,8 +148,9 @@ def kv_tokens_for(cfg: LlamaConfig, budget_bytes: int, page_size: int, dtype=jnp
 def key_layout_for(attention: str, dtype, backend: str | None = None) -> str:
     """The key layout of an engine's pool: "ds" (each page's keys transposed) for float32 pages where XLA:CPU
     computes the attention, else "sd": the Pallas kernels' layout (on a TPU a [.., head_dim, 16] page would pad its
-    16 positions to 128 lanes), and int8 pages' (their int8 matmul ran 5-19 % slower from "ds", measured on the
-    same CPU: benchmarks/NOTES.md 17)."""
+    16 positions to 128 lanes), and int8 pages' (their step ran 5-19 % slower with "ds" on the same CPU; their int8
+    matmuls alone take the same time from either layout, so the transposing gather of int8 pages is the likely
+    cost: benchmarks/NOTES.md 17)."""
     cpu = (backend or jax.default_backend()) == "cpu"
     return "ds" if attention == "xla" and cpu and jnp.dtype(dtype) == jnp.float32 else "sd"
 

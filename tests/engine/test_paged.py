@@ -99,12 +99,11 @@ def test_keys_transposed_in_their_pages_give_the_same_logits(dtype, monkeypatch)
 
 
 def test_the_key_layout_follows_backend_attention_and_dtype():
-    from jaxlab.engine.kernels import paged_attention  # noqa: F401  (the kernel reads "sd" pages)
     from jaxlab.engine.model import default_policy
     from jaxlab.errors import ConfigError
 
     assert paged.key_layout_for("xla", jnp.float32, "cpu") == "ds"
-    assert paged.key_layout_for("xla", jnp.int8, "cpu") == "sd"  # the int8 matmul was slower from "ds"
+    assert paged.key_layout_for("xla", jnp.int8, "cpu") == "sd"  # the int8 step was slower with "ds"
     assert paged.key_layout_for("pallas", jnp.float32, "cpu") == "sd"
     assert paged.key_layout_for("xla", jnp.float32, "tpu") == "sd"
     with pytest.raises(ValueError, match="'sd' or 'ds'"):
