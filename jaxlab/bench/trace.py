@@ -279,8 +279,8 @@ def step_ratios(params, quick: bool, reps: int, log) -> list[dict]:
     import jax.numpy as jnp
 
     from jaxlab.engine.grammar import allow_all
-    from jaxlab.engine.kvcache import init_cache
-    from jaxlab.engine.paged import init_paged_cache, key_layout_for
+    from jaxlab.engine.kvcache import init_cache, key_layout_for
+    from jaxlab.engine.paged import init_paged_cache
     from jaxlab.engine.steps import GREEDY, jit_decode, jit_rows
 
     shapes = QUICK_STEP_SHAPES if quick else STEP_SHAPES
@@ -290,7 +290,9 @@ def step_ratios(params, quick: bool, reps: int, log) -> list[dict]:
         for b in shapes["batches"]:
             log(f"paged vs contiguous decode step: batch {b}, context {ctx}")
             key = jax.random.key(0)
-            cache = init_cache(cfg, b, ctx)
+            dtype = params.policy.jnp_dtype  # each cache as its engine makes it, its key layout included
+            layout = key_layout_for(params.policy.attention, dtype)
+            cache = init_cache(cfg, b, ctx, dtype, key_layout=layout)
             tok = jnp.zeros((b,), jnp.int32)
             pos = jnp.full((b,), ctx - 1, jnp.int32)
             contiguous = jit_decode.lower(params, tok, pos, cache, key, GREEDY).compile()
@@ -301,8 +303,6 @@ def step_ratios(params, quick: bool, reps: int, log) -> list[dict]:
                     state["out"], _, state["cache"] = contiguous(params, tok, pos, state["cache"], key, GREEDY)
                 state["out"].block_until_ready()
 
-            dtype = params.policy.jnp_dtype  # the engine's pool, its key layout included
-            layout = key_layout_for(params.policy.attention, dtype)
             pool = init_paged_cache(cfg, b * ctx // 16 + 1, 16, dtype=dtype, key_layout=layout)
             table = np.arange(1, b * ctx // 16 + 1, dtype=np.int32).reshape(b, ctx // 16)
             pcache = pool.with_table(table)

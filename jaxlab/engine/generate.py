@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlab.engine.kvcache import KVCache, init_cache, left_pad
+from jaxlab.engine.kvcache import KVCache, init_cache, key_layout_for, left_pad
 from jaxlab.engine.model import Params
 from jaxlab.engine.plan import CACHE_BUCKETS, PREFILL_BUCKETS, Plan, check_request, plan
 from jaxlab.engine.programs import Programs
@@ -265,7 +265,9 @@ class OneDevice(Placement):
         self.key, self.prompt_key = jax.random.split(key)
 
     def init_cache(self, batch: int, length: int) -> KVCache:
-        return init_cache(self.gen.config, batch, length, self.gen.cache_dtype)
+        gen = self.gen  # keys transposed for XLA:CPU's float32 matmuls (kvcache.key_layout_for)
+        layout = key_layout_for(gen.params.policy.attention, gen.cache_dtype)
+        return init_cache(gen.config, batch, length, gen.cache_dtype, key_layout=layout)
 
     def prefill(self, tokens, positions, cache):
         args = (self.gen.params, jnp.asarray(tokens), jnp.asarray(positions), cache, self.prompt_key, self.samp)

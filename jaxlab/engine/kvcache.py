@@ -1,11 +1,16 @@
 """The KV cache as explicit state: a pytree passed into the model step and returned from it.
 
 Layout, per layer: ``k`` of shape [B * n_kv_heads, S, head_dim] and ``v`` of shape
-[B * n_kv_heads, head_dim, S], where S is the cache length (slots). Batch and head share one axis and
-the slot axis is where each attention matmul wants it, so XLA updates the donated cache in place and
-reads it without a transpose. (Measured on XLA's CPU backend: with [B, S, KVH, Hd], or any layout
-with a size-1 batch axis at batch 1, the compiled decode step copied every layer's whole cache on
-every step.) ``pos`` [B, S] holds the position of the token stored in each slot, -1 for an empty slot
+[B * n_kv_heads, head_dim, S], where S is the cache length (slots). Batch and head share one axis, so XLA
+updates the donated cache in place and reads it without a transpose. (Measured on XLA's CPU backend: with
+[B, S, KVH, Hd], or any layout with a size-1 batch axis at batch 1, the compiled decode step copied every
+layer's whole cache on every step.) That is key layout "sd", the default, the Pallas flash kernel's.
+
+Key layout "ds" (``init_cache(..., key_layout="ds")``, :func:`key_layout_for`) swaps both: ``k`` [B * n_kv_heads,
+head_dim, S] and ``v`` [B * n_kv_heads, S, head_dim]. XLA:CPU's batched float32 matmul runs 2-3x faster when
+its big operand's contracted axis is not the minor one (benchmarks/NOTES.md 17: scores from K [N, Hd, S] 1.69 ms
+against 5.68 from [N, S, Hd] at 32 rows x 1,024 positions), so the Generator takes "ds" for a float32 cache
+where XLA:CPU computes the attention; the tokens are the same. ``pos`` [B, S] holds the position of the token stored in each slot, -1 for an empty slot
 or a padding token; ``index`` is the next slot to write (shared by the batch, so a write is one
 ``dynamic_update_slice``, done in place when the cache is donated).
 
@@ -66,13 +71,14 @@ SlotWrite = Callable[[jax.Array, jax.Array, jax.Array, int], jax.Array]
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class KVCache:
-    k: tuple  # per layer [B*KVH, S, Hd]
-    v: tuple  # per layer [B*KVH, Hd, S]
+    k: tuple  # per layer [B*KVH, S, Hd] ("ds": [B*KVH, Hd, S])
+    v: tuple  # per layer [B*KVH, Hd, S] ("ds": [B*KVH, S, Hd])
     pos: jax.Array  # [B, S] int32, -1 = empty or padding
     index: jax.Array  # [] int32, next slot to write
     k_scale: tuple = ()  # int8 cache only: per layer [B*KVH, S] float32
     v_scale: tuple = ()  # int8 cache only: per layer [B*KVH, S] float32
     slot_write: SlotWrite = field(default=write_slots, metadata=dict(static=True))  # every write goes through it
+    key_layout: str = field(default="sd", metadata=dict(static=True))  # "sd" or "ds" (the module's docstring)
 
     @property
     def batch(self) -> int:
@@ -86,13 +92,20 @@ class KVCache:
     def quantized(self) -> bool:
         return bool(self.k_scale)
 
+    @property
+    def slot_axes(self) -> tuple[int, int]:
+        """(axis of the slots in a layer's K array, in its V array): (1, 2) in key layout "sd", (2, 1) in "ds"."""
+        return slot_axes(self.key_layout)
+
     def nbytes(self) -> int:
         return sum(a.size * a.dtype.itemsize for a in (*self.k, *self.v, *self.k_scale, *self.v_scale))
 
     def layer(self, i: int) -> KVLayer:
         """Layer ``i`` as its attention sees it (the shared ``pos`` and ``index`` included)."""
         scales = (self.k_scale[i], self.v_scale[i]) if self.k_scale else (None, None)
-        return KVLayer(self.k[i], self.v[i], self.pos, self.index, *scales, slot_write=self.slot_write)
+        return KVLayer(
+            self.k[i], self.v[i], self.pos, self.index, *scales, slot_write=self.slot_write, key_layout=self.key_layout
+        )
 
     def with_layers(self, layers: Sequence[KVLayer]) -> KVCache:
         """The cache after a pass: every layer as :meth:`KVLayer.write` left it (each wrote the same ``pos`` and
@@ -101,7 +114,9 @@ class KVCache:
         if self.k_scale:
             scales = dict(k_scale=tuple(x.k_scale for x in layers), v_scale=tuple(x.v_scale for x in layers))
         k, v = tuple(x.k for x in layers), tuple(x.v for x in layers)
-        return KVCache(k, v, layers[0].pos, layers[0].index, **scales, slot_write=self.slot_write)
+        return KVCache(
+            k, v, layers[0].pos, layers[0].index, **scales, slot_write=self.slot_write, key_layout=self.key_layout
+        )
 
 
 @jax.tree_util.register_dataclass
@@ -109,41 +124,42 @@ class KVCache:
 class KVLayer:
     """One layer of the contiguous cache, float or int8: :meth:`write` the new tokens, then :meth:`attend`.
 
-    Layouts: K [B*KVH, S, Hd] and V [B*KVH, Hd, S]. Both attention matmuls then contract over a minor axis and
-    have one batch axis with no size-1 dimension; with [B, S, KVH, Hd] (or any layout with a size-1 batch axis)
-    XLA copied every layer's whole cache each step."""
+    Layouts: K [B*KVH, S, Hd] and V [B*KVH, Hd, S] (key layout "sd"), or K [B*KVH, Hd, S] and V [B*KVH, S, Hd]
+    ("ds", XLA:CPU's faster float32 matmuls). Either way both attention matmuls have one batch axis with no size-1
+    dimension; with [B, S, KVH, Hd] (or any layout with a size-1 batch axis) XLA copied every layer's whole cache
+    each step."""
 
-    k: jax.Array  # [B*KVH, S, Hd]
-    v: jax.Array  # [B*KVH, Hd, S]
+    k: jax.Array  # [B*KVH, S, Hd] ("ds": [B*KVH, Hd, S])
+    v: jax.Array  # [B*KVH, Hd, S] ("ds": [B*KVH, S, Hd])
     pos: jax.Array  # [B, S] int32, each slot's position; -1 = empty or padding
     index: jax.Array | int  # [] int32, the next slot to write
     k_scale: jax.Array | None = None  # int8 cache only: [B*KVH, S] float32
     v_scale: jax.Array | None = None  # int8 cache only: [B*KVH, S] float32
     slot_write: SlotWrite = field(default=write_slots, metadata=dict(static=True))
+    key_layout: str = field(default="sd", metadata=dict(static=True))  # "sd" or "ds"
 
     @staticmethod
-    def of(k: jax.Array, v: jax.Array, positions: jax.Array) -> KVLayer:
+    def of(k: jax.Array, v: jax.Array, positions: jax.Array, key_layout: str = "sd") -> KVLayer:
         """The keys and values k, v [B, T, KVH, Hd] of tokens at ``positions`` [B, T] as a layer of their own T
         slots, in the cache's layouts: attention without a cache, and what :meth:`write` stores."""
-        b, t, kvh, hd = k.shape
-        k = k.transpose(0, 2, 1, 3).reshape(b * kvh, t, hd)  # [B*KVH, T, Hd]
-        v = v.transpose(0, 2, 3, 1).reshape(b * kvh, hd, t)  # [B*KVH, Hd, T]
-        return KVLayer(k, v, positions, t)
+        ka, va = slot_axes(key_layout)
+        return KVLayer(_heads_first(k, ka), _heads_first(v, va), positions, k.shape[1], key_layout=key_layout)
 
     def write(self, k: jax.Array, v: jax.Array, positions: jax.Array) -> KVLayer:
         """Store k, v [B, T, KVH, Hd] of tokens at ``positions`` [B, T] in slots ``index .. index+T-1``: one
         ``slot_write`` (:func:`write_slots`: a ``dynamic_update_slice``) per array, in place when the cache is
         donated. int8: each vector quantized with its own scale (:func:`quantize_kv`)."""
-        new, i, write = KVLayer.of(k, v, positions), self.index, self.slot_write
+        new, i, write = KVLayer.of(k, v, positions, self.key_layout), self.index, self.slot_write
+        ka, va = slot_axes(self.key_layout)  # the slots' axis in K and in V; head_dim is the other one (3 - axis)
         pos = write(self.pos, positions.astype(self.pos.dtype), i, 1)  # [B, S]
         if self.k_scale is None:
             nk, nv, scales = new.k.astype(self.k.dtype), new.v.astype(self.v.dtype), {}
         else:
-            (nk, ks), (nv, vs) = quantize_kv(new.k, axis=2), quantize_kv(new.v, axis=1)
+            (nk, ks), (nv, vs) = quantize_kv(new.k, axis=3 - ka), quantize_kv(new.v, axis=3 - va)
             scales = dict(k_scale=write(self.k_scale, ks, i, 1), v_scale=write(self.v_scale, vs, i, 1))  # [B*KVH, S]
-        k = write(self.k, nk, i, 1)  # [B*KVH, S, Hd]: the slots are axis 1
-        v = write(self.v, nv, i, 2)  # [B*KVH, Hd, S]: the slots are axis 2
-        return KVLayer(k, v, pos, i + new.k.shape[1], **scales, slot_write=write)
+        k = write(self.k, nk, i, ka)
+        v = write(self.v, nv, i, va)
+        return KVLayer(k, v, pos, i + new.k.shape[ka], **scales, slot_write=write, key_layout=self.key_layout)
 
     def attend(self, q: jax.Array, positions: jax.Array, policy) -> jax.Array:
         """Attention of q [B, T, KVH, G, Hd] at ``positions`` [B, T] over the layer's slots -> [B, T, KVH*G*Hd]
@@ -152,22 +168,31 @@ class KVLayer:
         b, t, kvh, g, hd = q.shape
         bk, s = b * kvh, self.pos.shape[1]
         q = q.transpose(0, 2, 3, 1, 4).reshape(bk, g * t, hd)  # [B*KVH, G*T, Hd]: a group's G heads read one K/V head
+        ka, va = slot_axes(self.key_layout)
         if policy.attention == "pallas":
             out = pallas_contiguous(q, self, positions, policy)
         else:
             if self.k_scale is not None:  # int8: the key scales multiply the scores
-                scores = int8_bmm(q, self.k, 2) * self.k_scale[:, None, :]
+                scores = int8_bmm(q, self.k, 3 - ka) * self.k_scale[:, None, :]
             else:
-                scores = policy.matmul("nqd,nsd->nqs", q, self.k)
+                scores = policy.matmul("nqd,nsd->nqs" if ka == 1 else "nqd,nds->nqs", q, self.k)
             scores = scores.astype(policy.acc_dtype).reshape(b, kvh, g, t, s) * (hd**-0.5)
             visible = (self.pos[:, None, :] >= 0) & (self.pos[:, None, :] <= positions[:, :, None])  # [B, T, S]
             scores = jnp.where(visible[:, None, None], scores, MASK_VALUE)
             probs = rows_alike(SOFTMAX, scores).reshape(bk, g * t, s)
             if self.v_scale is not None:  # fold each value vector's scale into its attention weight
-                out = int8_bmm(probs * self.v_scale[:, None, :], self.v, 2)  # [B*KVH, G*T, Hd]
+                out = int8_bmm(probs * self.v_scale[:, None, :], self.v, va)  # [B*KVH, G*T, Hd]
             else:
-                out = policy.matmul("nqs,nds->nqd", probs, self.v)
+                out = policy.matmul("nqs,nds->nqd" if va == 2 else "nqs,nsd->nqd", probs, self.v)
         return out.reshape(b, kvh, g, t, hd).transpose(0, 3, 1, 2, 4).reshape(b, t, kvh * g * hd)
+
+
+def _heads_first(x: jax.Array, slot_axis: int) -> jax.Array:
+    """x [B, T, KVH, Hd] -> [B*KVH, T, Hd] (``slot_axis`` 1) or [B*KVH, Hd, T] (``slot_axis`` 2)."""
+    b, t, kvh, hd = x.shape
+    if slot_axis == 1:
+        return x.transpose(0, 2, 1, 3).reshape(b * kvh, t, hd)
+    return x.transpose(0, 2, 3, 1).reshape(b * kvh, hd, t)
 
 
 def pallas_contiguous(q: jax.Array, layer: KVLayer, positions: jax.Array, policy) -> jax.Array:
@@ -175,6 +200,11 @@ def pallas_contiguous(q: jax.Array, layer: KVLayer, positions: jax.Array, policy
     float layer (K [B*KVH, S, Hd], V [B*KVH, Hd, S], its slots' positions [B, S]) -> [B*KVH, G*T, Hd] float32."""
     if layer.k_scale is not None:
         raise ConfigError("attention='pallas' reads a float KV cache: drop the int8 cache, or use attention 'xla'")
+    if layer.key_layout != "sd":
+        raise ConfigError(
+            f"attention='pallas' reads the keys as [.., S, Hd], and this cache has key_layout {layer.key_layout!r}: "
+            "make it with init_cache(..., key_layout='sd'), or use attention 'xla'"
+        )
     b, t = positions.shape
     kvh, g_t = q.shape[0] // b, q.shape[1]
     q_pos = jnp.broadcast_to(jnp.tile(positions, (1, g_t // t))[:, None], (b, kvh, g_t))
@@ -205,13 +235,41 @@ def cache_bytes(cfg: LlamaConfig, batch: int, slots: int, dtype=jnp.float32) -> 
     return 2 * cfg.n_layers * batch * slots * cfg.n_kv_heads * kv_vector_bytes(cfg, dtype)
 
 
+#: the cache's key layouts: "sd" K [.., S, Hd] and V [.., Hd, S]; "ds" K [.., Hd, S] and V [.., S, Hd]
+KEY_LAYOUTS = ("sd", "ds")
+
+
+def slot_axes(key_layout: str) -> tuple[int, int]:
+    """(axis of the slots in a contiguous layer's K array, in its V array) in ``key_layout``."""
+    if key_layout not in KEY_LAYOUTS:
+        raise ValueError(f"key_layout is 'sd' or 'ds', got {key_layout!r}")
+    return (1, 2) if key_layout == "sd" else (2, 1)
+
+
+def key_layout_for(attention: str, dtype, backend: str | None = None) -> str:
+    """The key layout an engine gives its cache (contiguous or paged): "ds" (keys transposed) for float32 where
+    XLA:CPU computes the attention, else "sd": the Pallas kernels' layout (on a TPU a [.., head_dim, 16] page
+    would pad its 16 positions to 128 lanes), and int8's: the paged int8 step ran 5-19 % slower with "ds" on the
+    same CPU (its int8 matmuls alone take the same time from either layout, so the transposing gather of int8
+    pages is the likely cost), and so did the contiguous int8 cache's decode step (benchmarks/NOTES.md 17)."""
+    cpu = (backend or jax.default_backend()) == "cpu"
+    return "ds" if attention == "xla" and cpu and jnp.dtype(dtype) == jnp.float32 else "sd"
+
+
 def init_cache(
-    cfg: LlamaConfig, batch: int, length: int, dtype=jnp.float32, slot_write: SlotWrite = write_slots
+    cfg: LlamaConfig,
+    batch: int,
+    length: int,
+    dtype=jnp.float32,
+    slot_write: SlotWrite = write_slots,
+    key_layout: str = "sd",
 ) -> KVCache:
     """An empty cache for ``batch`` rows of ``length`` slots; ``dtype="int8"`` gives the int8 cache. ``slot_write``:
-    the function every write goes through (:func:`write_slots`; the lab's track passes a student's own)."""
-    k_shape = (batch * cfg.n_kv_heads, length, cfg.head_dim)
-    v_shape = (batch * cfg.n_kv_heads, cfg.head_dim, length)
+    the function every write goes through (:func:`write_slots`; the lab's track passes a student's own).
+    ``key_layout``: "sd" or "ds" (the module's docstring; :func:`key_layout_for`)."""
+    n, (ka, _) = batch * cfg.n_kv_heads, slot_axes(key_layout)
+    slots_then_hd, hd_then_slots = (n, length, cfg.head_dim), (n, cfg.head_dim, length)
+    k_shape, v_shape = (slots_then_hd, hd_then_slots) if ka == 1 else (hd_then_slots, slots_then_hd)
     dtype = jnp.dtype(dtype)
     scales = {}
     if dtype == jnp.int8:
@@ -228,12 +286,13 @@ def init_cache(
         index=jnp.zeros((), jnp.int32),
         **scales,
         slot_write=slot_write,
+        key_layout=key_layout,
     )
 
 
 def quantize_kv(x: jax.Array, axis: int) -> tuple[jax.Array, jax.Array]:
     """Symmetric int8 over ``axis`` (head_dim): x ~ q * scale. Keys [N, T, Hd] use axis=2, values
-    [N, Hd, T] axis=1; the scale comes back [N, T]."""
+    [N, Hd, T] axis=1 (key layout "ds": the other way round); the scale comes back [N, T]."""
     x = x.astype(jnp.float32)
     s = jnp.max(jnp.abs(x), axis=axis) / 127.0
     s = jnp.where(s > 0, s, 1.0)

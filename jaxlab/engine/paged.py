@@ -4,9 +4,9 @@ Layout, per layer: ``v`` of shape [n_kv_heads, num_pages, page_size, head_dim], 
 (``key_layout="sd"``: the layout of the Pallas TPU paged-attention kernel,
 ``jax.experimental.pallas.ops.tpu.paged_attention``: k_pages [num_kv_heads, total_num_pages, page_size, head_dim],
 so a kernel can read it as it is) or each page's keys transposed, [n_kv_heads, num_pages, head_dim, page_size]
-(``key_layout="ds"``, what :func:`key_layout_for` gives XLA:CPU: a block of gathered keys is then [rows, head_dim,
-positions], and XLA:CPU's batched float32 matmul computes the scores ``q . k`` about 2x faster from it than from
-[rows, positions, head_dim]; same bits; benchmarks/NOTES.md 17). ``page_table``
+(``key_layout="ds"``, what :func:`~jaxlab.engine.kvcache.key_layout_for` gives XLA:CPU: a block of gathered keys
+is then [rows, head_dim, positions], and XLA:CPU's batched float32 matmul computes the scores ``q . k`` about 2x
+faster from it than from [rows, positions, head_dim]; same bits; benchmarks/NOTES.md 17). ``page_table``
 [rows, pages_per_row] int32 says where each row's pages are: row ``r``'s token at position ``p`` lives in page
 ``page_table[r, p // page_size]`` at offset ``p % page_size``. A row stores no padding: its positions run
 0, 1, 2, ... and each row has its own length, so rows of one batch start, grow and finish independently.
@@ -41,7 +41,7 @@ import numpy as np
 
 from jaxlab.engine.kernels import paged_attention
 from jaxlab.engine.kernels.common import MASK_VALUE, SOFTMAX, online_softmax, rows_alike
-from jaxlab.engine.kvcache import int8_bmm, kv_vector_bytes, quantize_kv
+from jaxlab.engine.kvcache import int8_bmm, kv_vector_bytes, quantize_kv, slot_axes
 from jaxlab.errors import ConfigError
 from jaxlab.io.config import LlamaConfig
 
@@ -145,16 +145,6 @@ def kv_tokens_for(cfg: LlamaConfig, budget_bytes: int, page_size: int, dtype=jnp
     return max(0, budget_bytes // page - 1) * page_size
 
 
-def key_layout_for(attention: str, dtype, backend: str | None = None) -> str:
-    """The key layout of an engine's pool: "ds" (each page's keys transposed) for float32 pages where XLA:CPU
-    computes the attention, else "sd": the Pallas kernels' layout (on a TPU a [.., head_dim, 16] page would pad its
-    16 positions to 128 lanes), and int8 pages' (their step ran 5-19 % slower with "ds" on the same CPU; their int8
-    matmuls alone take the same time from either layout, so the transposing gather of int8 pages is the likely
-    cost: benchmarks/NOTES.md 17)."""
-    cpu = (backend or jax.default_backend()) == "cpu"
-    return "ds" if attention == "xla" and cpu and jnp.dtype(dtype) == jnp.float32 else "sd"
-
-
 def init_paged_cache(
     cfg: LlamaConfig,
     num_pages: int,
@@ -166,9 +156,8 @@ def init_paged_cache(
 ) -> PagedKVCache:
     """An empty pool of ``num_pages`` pages (page 0 the null page) and a table of ``rows`` x ``pages_per_row``
     pointing at the null page; ``dtype="int8"`` gives int8 pages with their scales. ``key_layout``: "sd" or "ds"
-    (the module's docstring; :func:`key_layout_for`)."""
-    if key_layout not in ("sd", "ds"):
-        raise ValueError(f"key_layout is 'sd' or 'ds', got {key_layout!r}")
+    (the module's docstring; :func:`~jaxlab.engine.kvcache.key_layout_for`)."""
+    slot_axes(key_layout)  # checks it
     shape = (cfg.n_kv_heads, num_pages, page_size, cfg.head_dim)
     k_shape = shape if key_layout == "sd" else (cfg.n_kv_heads, num_pages, cfg.head_dim, page_size)
     dtype = jnp.dtype(dtype)

@@ -26,8 +26,9 @@ import numpy as np
 
 from jaxlab.engine import paged
 from jaxlab.engine.grammar import allow_all
+from jaxlab.engine.kvcache import key_layout_for
 from jaxlab.engine.model import Params
-from jaxlab.engine.paged import init_paged_cache, key_layout_for
+from jaxlab.engine.paged import init_paged_cache
 from jaxlab.engine.plan import TOP_LOGPROBS, bucket
 from jaxlab.engine.programs import Programs, Verdicts
 from jaxlab.engine.sampling import SamplingParams, stack_rows

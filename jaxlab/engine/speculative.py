@@ -62,7 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxlab.engine.generate import GenerationResult, start_request
-from jaxlab.engine.kvcache import KVCache, init_cache, left_pad
+from jaxlab.engine.kvcache import KVCache, init_cache, key_layout_for, left_pad
 from jaxlab.engine.model import Params, Policy, cast_params, params_from_flat
 from jaxlab.engine.plan import CACHE_BUCKETS, PREFILL_BUCKETS, Plan, plan
 from jaxlab.engine.programs import Programs
@@ -304,11 +304,13 @@ class SpeculativeDecoder:
 
     def init_caches(self, batch: int, cache_len: int) -> tuple[KVCache, KVCache | None]:
         """Empty caches for the target and (method "draft") the draft model, which has its own, of its depth."""
-        cache = init_cache(self.config, batch, cache_len, self.params.policy.jnp_dtype)
+        dtype, attention = self.params.policy.jnp_dtype, self.params.policy.attention
+        cache = init_cache(self.config, batch, cache_len, dtype, key_layout=key_layout_for(attention, dtype))
         if self.dparams is None:
             return cache, None
         dcfg = self.dparams.config.replace(n_layers=self.draft_hooks["upto"])
-        return cache, init_cache(dcfg, batch, cache_len, self.dparams.policy.jnp_dtype)
+        dtype, attention = self.dparams.policy.jnp_dtype, self.dparams.policy.attention
+        return cache, init_cache(dcfg, batch, cache_len, dtype, key_layout=key_layout_for(attention, dtype))
 
     def _run(self, name: str, jitted, args: tuple, static: dict):
         fn, _ = self.programs.get(name, jitted, args, static)

@@ -51,7 +51,10 @@ _ = setup()
 # `index` (the next slot to write). The layout printed below is chosen for speed, not for reading:
 # batch and KV heads share the first axis, and the slot axis sits where each attention matmul wants it,
 # so XLA reads and updates the cache where it lies instead of moving a copy of it every step (the
-# `jaxlab.engine.kvcache` docstring tells how that was measured).
+# `jaxlab.engine.kvcache` docstring tells how that was measured). This is key layout `"sd"`, the default and the
+# Pallas kernel's. On a CPU, `jaxlab.Generator` makes its float32 cache with `key_layout="ds"` instead (K
+# `[B·KVH, 64, S]`, V `[B·KVH, S, 64]`): XLA:CPU's batched float32 matmul runs 2–3× faster with the contraction on
+# the big operand's major axis, and the tokens are the same (`benchmarks/NOTES.md` 17–18).
 
 # %%
 m = jaxlab.load()

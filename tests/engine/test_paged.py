@@ -98,14 +98,11 @@ def test_keys_transposed_in_their_pages_give_the_same_logits(dtype, monkeypatch)
     np.testing.assert_allclose(np.asarray(blocks), np.asarray(sd), atol=1e-5, rtol=0)
 
 
-def test_the_key_layout_follows_backend_attention_and_dtype():
+def test_the_pools_key_layouts_and_their_checks():
     from jaxlab.engine.model import default_policy
     from jaxlab.errors import ConfigError
 
-    assert paged.key_layout_for("xla", jnp.float32, "cpu") == "ds"
-    assert paged.key_layout_for("xla", jnp.int8, "cpu") == "sd"  # the int8 step was slower with "ds"
-    assert paged.key_layout_for("pallas", jnp.float32, "cpu") == "sd"
-    assert paged.key_layout_for("xla", jnp.float32, "tpu") == "sd"
+    # which layout an engine takes: tests/engine/test_kvcache.py (kvcache.key_layout_for)
     with pytest.raises(ValueError, match="'sd' or 'ds'"):
         init_paged_cache(tiny(), 3, 4, key_layout="dsd")
     cfg = tiny()
