@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxlab import InvalidRequestError, PromptTooLongError, tiny
-from jaxlab.engine.generate import Generator, TextStops, jit_decode_on_device
+from jaxlab.engine.generate import Generator, OneDevice, TextStops, jit_decode_on_device
 from jaxlab.engine.kvcache import init_cache
 from jaxlab.engine.model import forward, init_params
 from jaxlab.engine.plan import bucket
@@ -52,6 +52,15 @@ def test_greedy_equals_uncached_recompute(tiny_params):
     for p, r in zip(prompts, results):
         assert r.generated_ids == reference_greedy(tiny_params, p, 10)
         assert r.finish_reason == "length"
+
+
+def test_the_generators_cache_takes_the_key_layout_of_its_backend_and_dtype(tiny_params):
+    """On a CPU its float32 cache holds the keys transposed (``kvcache.key_layout_for``: the test above decodes through
+    it); its int8 cache does not."""
+    key = jax.random.key(0)
+    f32 = OneDevice(Generator(tiny_params), SamplingParams(), key).init_cache(2, 8)
+    i8 = OneDevice(Generator(tiny_params, cache_dtype=jnp.int8), SamplingParams(), key).init_cache(2, 8)
+    assert (f32.key_layout, i8.key_layout) == ("ds", "sd") and f32.k[0].shape[1:] == (tiny_params.config.head_dim, 8)
 
 
 def test_chunked_prefill_equals_single_chunk(tiny_params):

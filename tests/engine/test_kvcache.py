@@ -20,7 +20,9 @@ def cached_logits(params, dtype, key_layout, steps=4):
     then one step rolled back and taken again, which must give the same logits."""
     cfg = params.config
     tokens, positions = left_pad(PROMPTS, cfg.pad_id)
-    cache = init_cache(cfg, len(PROMPTS), 24, dtype, key_layout=key_layout)
+    # 64 slots and test_paged.py's prompts: its contiguous cache's shapes, so that "sd" finds its programs in the
+    # run's persistent compile cache when that file ran first
+    cache = init_cache(cfg, len(PROMPTS), 64, dtype, key_layout=key_layout)
     logits, cache = jit_forward(params, jnp.asarray(tokens), jnp.asarray(positions), cache, last_only=True)
     out, pos = [logits[:, 0]], jnp.asarray([len(p) for p in PROMPTS])
     for _ in range(steps):

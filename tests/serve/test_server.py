@@ -587,8 +587,9 @@ def test_sigterm_drains_then_stops(tmp_path):
     base = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "jaxlab.cli", "serve", "--port", str(port), "--context", str(CONTEXT)]
     # one row per decode call: no row buckets to probe (three whole-model programs fewer to compile), and the two
-    # requests run at once in two calls a step (--max-running), as a server with more requests than rows does
-    cmd += ["--max-batch", "1", "--kv-tokens", str(2 * CONTEXT), "--grace", "8"]
+    # requests run at once in two calls a step (--max-running), as a server with more requests than rows does; 4 s of
+    # grace tell them apart: the short one's last 5 tokens take well under a second, the long one's 199 over ten
+    cmd += ["--max-batch", "1", "--kv-tokens", str(2 * CONTEXT), "--grace", "4"]
     log = open(tmp_path / "serve.log", "w+")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, JAX_PLATFORMS="cpu"))
     try:
