@@ -10,9 +10,11 @@ Key layout "ds" (``init_cache(..., key_layout="ds")``, :func:`key_layout_for`) s
 head_dim, S] and ``v`` [B * n_kv_heads, S, head_dim]. XLA:CPU's batched float32 matmul runs 2-3x faster when
 its big operand's contracted axis is not the minor one (benchmarks/NOTES.md 17: scores from K [N, Hd, S] 1.69 ms
 against 5.68 from [N, S, Hd] at 32 rows x 1,024 positions), so the Generator takes "ds" for a float32 cache
-where XLA:CPU computes the attention; the tokens are the same. ``pos`` [B, S] holds the position of the token stored in each slot, -1 for an empty slot
-or a padding token; ``index`` is the next slot to write (shared by the batch, so a write is one
-``dynamic_update_slice``, done in place when the cache is donated).
+where XLA:CPU computes the attention; the tokens are the same (benchmarks/NOTES.md 18).
+
+``pos`` [B, S] holds the position of the token stored in each slot, -1 for an empty slot or a padding token;
+``index`` is the next slot to write (shared by the batch, so a write is one ``dynamic_update_slice``, done in place
+when the cache is donated).
 
 Batches are left-padded: a row whose prompt is shorter starts with padding (position -1), so every row
 writes its next token at the same slot. A query at position p attends to slots whose position lies in
@@ -239,11 +241,17 @@ def cache_bytes(cfg: LlamaConfig, batch: int, slots: int, dtype=jnp.float32) -> 
 KEY_LAYOUTS = ("sd", "ds")
 
 
-def slot_axes(key_layout: str) -> tuple[int, int]:
-    """(axis of the slots in a contiguous layer's K array, in its V array) in ``key_layout``."""
+def check_key_layout(key_layout: str) -> str:
+    """``key_layout`` if it is one of :data:`KEY_LAYOUTS` (the contiguous cache's and the paged pool's), else a
+    ValueError that names them."""
     if key_layout not in KEY_LAYOUTS:
         raise ValueError(f"key_layout is 'sd' or 'ds', got {key_layout!r}")
-    return (1, 2) if key_layout == "sd" else (2, 1)
+    return key_layout
+
+
+def slot_axes(key_layout: str) -> tuple[int, int]:
+    """(axis of the slots in a contiguous layer's K array, in its V array) in ``key_layout``."""
+    return (1, 2) if check_key_layout(key_layout) == "sd" else (2, 1)
 
 
 def key_layout_for(attention: str, dtype, backend: str | None = None) -> str:
@@ -251,7 +259,8 @@ def key_layout_for(attention: str, dtype, backend: str | None = None) -> str:
     XLA:CPU computes the attention, else "sd": the Pallas kernels' layout (on a TPU a [.., head_dim, 16] page
     would pad its 16 positions to 128 lanes), and int8's: the paged int8 step ran 5-19 % slower with "ds" on the
     same CPU (its int8 matmuls alone take the same time from either layout, so the transposing gather of int8
-    pages is the likely cost), and so did the contiguous int8 cache's decode step (benchmarks/NOTES.md 17)."""
+    pages is the likely cost: benchmarks/NOTES.md 17), and the contiguous int8 cache's step up to 13 % slower at 1
+    and 32 rows (18)."""
     cpu = (backend or jax.default_backend()) == "cpu"
     return "ds" if attention == "xla" and cpu and jnp.dtype(dtype) == jnp.float32 else "sd"
 

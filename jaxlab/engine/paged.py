@@ -41,7 +41,7 @@ import numpy as np
 
 from jaxlab.engine.kernels import paged_attention
 from jaxlab.engine.kernels.common import MASK_VALUE, SOFTMAX, online_softmax, rows_alike
-from jaxlab.engine.kvcache import int8_bmm, kv_vector_bytes, quantize_kv, slot_axes
+from jaxlab.engine.kvcache import check_key_layout, int8_bmm, kv_vector_bytes, quantize_kv
 from jaxlab.errors import ConfigError
 from jaxlab.io.config import LlamaConfig
 
@@ -157,9 +157,8 @@ def init_paged_cache(
     """An empty pool of ``num_pages`` pages (page 0 the null page) and a table of ``rows`` x ``pages_per_row``
     pointing at the null page; ``dtype="int8"`` gives int8 pages with their scales. ``key_layout``: "sd" or "ds"
     (the module's docstring; :func:`~jaxlab.engine.kvcache.key_layout_for`)."""
-    slot_axes(key_layout)  # checks it
     shape = (cfg.n_kv_heads, num_pages, page_size, cfg.head_dim)
-    k_shape = shape if key_layout == "sd" else (cfg.n_kv_heads, num_pages, cfg.head_dim, page_size)
+    k_shape = shape if check_key_layout(key_layout) == "sd" else (cfg.n_kv_heads, num_pages, cfg.head_dim, page_size)
     dtype = jnp.dtype(dtype)
     scales = {}
     if dtype == jnp.int8:
