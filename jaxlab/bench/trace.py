@@ -216,7 +216,6 @@ def serve_trace(params, tokenizer, trace: list[dict], shape: dict, log: Callable
         slots=shape["rows"],
         max_running=shape["max_running"],
         page_size=page_size,
-        chunk=64,
         context=context,
         kv_tokens=cache_tokens,
         decode_buckets=shape.get("decode_buckets", True),

@@ -180,7 +180,8 @@ class Engine:
     ``slots``: rows of the decode program (its largest row bucket); ``max_running``: sequences that may run at
     once (default ``slots``; when more than ``slots`` decode, a step runs them in several calls of at most
     ``slots`` rows); ``page_size``: positions per page; ``chunk``: prompt tokens per prefill call (a multiple of
-    ``page_size``); ``context``: positions a sequence may reach (prompt and new tokens).
+    ``page_size``; default 128: on a CPU, 64-token calls stored prompts too slowly for a loaded engine to fill its
+    pool, benchmarks/NOTES.md 20); ``context``: positions a sequence may reach (prompt and new tokens).
 
     **Memory.** ``kv_tokens``: the KV budget in positions (the pool is that many pages, plus the null page; or give
     ``kv_bytes``, the memory the pool may take, or ``num_pages``; default: ``max_running`` sequences can each reach

@@ -36,7 +36,7 @@ from jaxlab.engine.steps import jit_rows, jit_rows_verify
 from jaxlab.errors import InvalidRequestError
 
 PAGE_SIZE = 16  # positions per page
-CHUNK = 64  # prompt tokens per prefill call
+CHUNK = 128  # prompt tokens per prefill call (benchmarks/NOTES.md 20)
 
 #: Decode row buckets (what vLLM's and SGLang's captured batch sizes are): with ``decode_buckets``, a step decodes the
 #: running sequences in the smallest of these (up to ``slots``) that holds them, instead of all ``slots`` rows
