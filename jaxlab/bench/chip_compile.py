@@ -264,7 +264,7 @@ def lab_programs(s: Settings, tgt: Target, params: Params) -> list[tuple[str, Ca
     pages = jax.eval_shape(lambda: paged.init_paged_cache(cfg, pool, runner.PAGE_SIZE, dtype=cache_dtype))
     words = grammar.words(cfg.vocab_size)  # the grammar bitmask's int32 words per row (all ones: free rows)
     for width in widths:
-        for label, rows, t in (("decode", b, 1), ("prefill", 1, runner.CHUNK)):
+        for label, rows, t in (("decode", b, 1), ("prefill", 1, runner.default_chunk(ctx, runner.PAGE_SIZE))):
             table = jax.ShapeDtypeStruct((rows, width // runner.PAGE_SIZE), jnp.int32)
             pc = put(dataclasses.replace(pages, page_table=table))
             args = (params, row(rows, t), row(rows, t), pc, put(jax.ShapeDtypeStruct((rows,), jnp.uint32)), greedy)

@@ -58,7 +58,7 @@ from jaxlab.engine.grammar import Constraint, Matcher
 from jaxlab.engine.model import Params
 from jaxlab.engine.pages import PagePool
 from jaxlab.engine.plan import GenerationRequest, bucket, check_generation
-from jaxlab.engine.runner import CHUNK, PAGE_SIZE, Launched, Runner, table_widths
+from jaxlab.engine.runner import PAGE_SIZE, Launched, Runner, default_chunk, table_widths
 from jaxlab.engine.sampling import SamplingParams
 from jaxlab.engine.scheduler import Scheduler, Seq
 from jaxlab.engine.speculative import ngram_propose
@@ -180,8 +180,9 @@ class Engine:
     ``slots``: rows of the decode program (its largest row bucket); ``max_running``: sequences that may run at
     once (default ``slots``; when more than ``slots`` decode, a step runs them in several calls of at most
     ``slots`` rows); ``page_size``: positions per page; ``chunk``: prompt tokens per prefill call (a multiple of
-    ``page_size``; default 128: on a CPU, 64-token calls stored prompts too slowly for a loaded engine to fill its
-    pool, benchmarks/NOTES.md 20); ``context``: positions a sequence may reach (prompt and new tokens).
+    ``page_size``; default :func:`~jaxlab.engine.runner.default_chunk`: 128, or the context if shorter; on a CPU,
+    64-token calls stored prompts too slowly for a loaded engine to fill its pool, benchmarks/NOTES.md 20);
+    ``context``: positions a sequence may reach (prompt and new tokens).
 
     **Memory.** ``kv_tokens``: the KV budget in positions (the pool is that many pages, plus the null page; or give
     ``kv_bytes``, the memory the pool may take, or ``num_pages``; default: ``max_running`` sequences can each reach
@@ -212,7 +213,7 @@ class Engine:
         *,
         slots: int = 8,
         page_size: int = PAGE_SIZE,
-        chunk: int = CHUNK,
+        chunk: int | None = None,
         context: int | None = None,
         num_pages: int | None = None,
         token_budget: int | None = None,
@@ -232,8 +233,9 @@ class Engine:
         if not 0 < context <= cfg.max_seq_len:
             raise InvalidRequestError(f"context must be in 1..{cfg.max_seq_len} (the model's), got {context}")
         max_running = slots if max_running is None else max_running
-        if slots < 1 or page_size < 1 or chunk < 1 or max_running < 1:
+        if slots < 1 or page_size < 1 or (chunk is not None and chunk < 1) or max_running < 1:
             raise InvalidRequestError("slots, max_running, page_size and chunk must be >= 1")
+        chunk = default_chunk(context, page_size) if chunk is None else chunk
         if isinstance(speculative, bool) or not isinstance(speculative, int) or not 0 <= speculative <= MAX_DRAFTS:
             raise InvalidRequestError(f"speculative is the draft tokens per row, 0..{MAX_DRAFTS}, got {speculative!r}")
         if sum(x is not None for x in (num_pages, kv_tokens, kv_bytes)) > 1:

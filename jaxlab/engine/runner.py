@@ -43,6 +43,12 @@ CHUNK = 128  # prompt tokens per prefill call (benchmarks/NOTES.md 20)
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
+def default_chunk(context: int, page_size: int) -> int:
+    """Prompt tokens per prefill call when none is given: :data:`CHUNK`, or fewer where the context is shorter (its
+    positions rounded up to whole pages), so a small context's prefill computes no positions it cannot hold."""
+    return min(CHUNK, -(-context // page_size) * page_size)
+
+
 def table_widths(context: int, page_size: int) -> tuple[int, ...]:
     """Page-table widths in positions: one block (:data:`~jaxlab.engine.paged.BLOCK_TOKENS`), doubled up to
     ``context`` (each a whole number of blocks and pages)."""

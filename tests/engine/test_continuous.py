@@ -151,6 +151,13 @@ def test_the_kv_budget_is_given_once_in_tokens_or_bytes(tiny_params):
         tiny_engine(tiny_params, kv_bytes=paged_cache_bytes(cfg, 1 + 8, 4))
 
 
+def test_the_default_chunk_is_128_prompt_tokens_or_the_contexts_pages(tiny_params):
+    """A context shorter than the chunk prefills no positions it cannot hold (a 40-position context: 3 pages of 16);
+    a chunk given is kept."""
+    assert [Engine(tiny_params, context=c).chunk for c in (40, 128, 256)] == [48, 128, 128]
+    assert Engine(tiny_params, context=40, chunk=16).chunk == 16
+
+
 def test_prefix_reuse_gives_the_same_tokens_and_computes_less(tiny_params):
     system = [1] + list(range(50, 70))  # 21 tokens: 5 full pages of 4
     prompts = [system + [200 + i, 201 + i] for i in range(4)]
