@@ -74,6 +74,7 @@ __all__ = [
     "array_bytes",
     "measure_bandwidth",
     "measure_matmul_flops",
+    "matmul_probe",
     "Roofline",
     "plot_roofline",
     "trace",
@@ -597,17 +598,26 @@ def measure_matmul_flops(n: int = 2048, dtype: Any = jnp.float32, repeats: int =
     unit to use on most CPUs: it computes the product in float32 and rounds, so on a CPU the bfloat16
     ceiling is about the float32 one (2 cores here: within the noise of each other), not twice it.
     """
+    probe = matmul_probe(n, dtype)
+    return max(probe() for _ in range(max(1, repeats)))
+
+
+def matmul_probe(n: int = 2048, dtype: Any = jnp.float32) -> Callable[[], float]:
+    """The matmul of :func:`measure_matmul_flops`, compiled and warmed once: each call runs it once more and
+    returns that run's FLOP/s. For sampling the compute ceiling *beside* other work, where one measurement
+    before it could land in a moment when a neighbouring process held the cores and understate the ceiling."""
     ka, kb = jax.random.split(jax.random.key(0))
     a = jax.random.normal(ka, (n, n), dtype)
     b = jax.random.normal(kb, (n, n), dtype)
     mm = jax.jit(lambda a, b: jnp.matmul(a, b, precision=jax.lax.Precision.HIGHEST))
     jax.block_until_ready(mm(a, b))
-    best = float("inf")
-    for _ in range(max(1, repeats)):
+
+    def once() -> float:
         t0 = time.perf_counter()
         jax.block_until_ready(mm(a, b))
-        best = min(best, time.perf_counter() - t0)
-    return 2.0 * n**3 / best
+        return 2.0 * n**3 / (time.perf_counter() - t0)
+
+    return once
 
 
 @dataclasses.dataclass(frozen=True)

@@ -250,8 +250,9 @@ _ = check("the v5e-8 program has the CPU simulation's collectives: 2 all-reduces
 # ## 7 · A prediction against a measurement
 #
 # A roofline prediction is a lower bound, not a forecast. We cannot time the TPU, but we can apply the same
-# predictor to this CPU, with its *measured* ceilings (a streaming copy and a matmul), and time the programs it
-# predicts. **Predict first:** will the measured times land within 2× of the predictions?
+# predictor to this CPU, with its *measured* ceilings (a streaming copy, and a matmul timed beside every call of
+# every program, since one measured in a moment when another process held a core would understate the ceiling and
+# let a program "beat" its bound), and time the programs it predicts. **Predict first:** will the measured times land within 2× of the predictions?
 
 # %% tags=["nbval-ignore-output"]
 cpu = cc.compile_all(cc.Settings(SMOL.replace(n_layers=2), dtype="float32", batch=8, context=256), "cpu",
