@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import pytest
 from conftest import load_solution, not_implemented
 
+from jaxlab.bench import chip_compile as cc
 from jaxlab.engine.kvcache import init_cache
 from jaxlab.io.config import smollm2_135m
 from jaxlab.lab import chips
@@ -44,3 +45,12 @@ def test_the_exercise_checkers_accept_the_solutions_and_fail_wrong_answers(capsy
     assert not nb16.check_max_batch(lambda w, kv, hbm, reserve=0.1: int((hbm * (1 - reserve) - w) // kv))  # < 0
     assert not nb16.check_kv_bytes(not_implemented)
     assert "not implemented yet" in capsys.readouterr().out
+
+
+def test_decode_reports_answer_in_the_order_asked_whatever_order_they_compile_in(monkeypatch):
+    # the largest model starts compiling first (the longest compile must not start last); the reports come back
+    # in the order of the cases, each its own (the compiler is replaced: what it returns is the case's layer count)
+    cfg = smollm2_135m()
+    monkeypatch.setattr(cc, "compile_all", lambda s, chip, only, workers: s.config.n_layers)
+    cases = {name: cc.Settings(cfg.replace(n_layers=n)) for name, n in (("small", 2), ("whole", 30), ("mid", 9))}
+    assert list(chips.decode_reports(cases).items()) == [("small", 2), ("whole", 30), ("mid", 9)]
