@@ -428,10 +428,10 @@ def compile_all(
 ) -> Report:
     """Compile the lab's programs (:func:`lab_programs`, :func:`kernel_programs`, :func:`parallel_programs`,
     :func:`extra_programs`; ``only`` picks by name) for ``chip``; ``progress(done, total, name)`` after each."""
+    if not -1.0 <= s.effort <= 1.0:
+        raise ConfigError(f"--effort must lie between -1 and 1 (XLA's exec_time_optimization_effort), got {s.effort}")
     t0 = time.perf_counter()
     tgt = target(chip)
-    if not -1.0 <= s.effort <= 1.0:
-        raise ConfigError(f"effort must lie between -1 and 1 (XLA's exec_time_optimization_effort), got {s.effort}")
     if s.attention == "pallas" and s.kv_cache == "int8":
         raise ConfigError("attention 'pallas' reads a float KV cache: drop --kv-cache int8, or use --attention xla")
     params = abstract_params(s)
@@ -580,7 +580,8 @@ def format_measured(r: Report) -> str:
     rf = r.roofline
     lines = [
         f"predicted against measured on this CPU ({hardware.cpu_name()}): ceilings measured now, "
-        f"{rf.bandwidth / 1e9:.1f} GB/s (a 1 GiB copy) and {rf.peak_flops / 1e9:.0f} GFLOP/s (a float32 matmul, the best timed beside the programs)",
+        f"{rf.bandwidth / 1e9:.1f} GB/s (a 1 GiB copy) and {rf.peak_flops / 1e9:.0f} GFLOP/s "
+        "(a float32 matmul, the best timed beside the programs)",
         f"{'program':<52} {'predicted':>10} {'measured':>10} {'measured/predicted':>19}  bound",
     ]
     for p in rows:
@@ -671,10 +672,6 @@ def run(args, out) -> int:
     cfg = model_config(args.model, args.config)
     if args.context > cfg.max_seq_len:
         raise ConfigError(f"--context {args.context} exceeds the model's {cfg.max_seq_len} positions")
-    if not -1.0 <= args.effort <= 1.0:
-        raise ConfigError(
-            f"--effort must lie between -1 and 1 (XLA's exec_time_optimization_effort), got {args.effort}"
-        )
     if args.measure and args.chip != "cpu":
         raise ConfigError(f"--measure runs the programs, which needs the chip: use it with --chip cpu, not {args.chip}")
     dtype = args.dtype or ("float32" if args.chip == "cpu" else "bfloat16")
