@@ -189,7 +189,15 @@ def write_pages(layer: PagedLayer, k: jax.Array, v: jax.Array, positions: jax.Ar
     scales = {}
     if layer.k_scale is not None:
         (kn, ks), (vn, vs) = quantize_kv(kn, axis=2), quantize_kv(vn, axis=2)
-        scales = dict(k_scale=layer.k_scale.at[:, page, off].set(ks), v_scale=layer.v_scale.at[:, page, off].set(vs))
+        sp, so, (ks, vs) = page, off, (ks, vs)
+        if b * t == 1:
+            # One token's scales (a lone request's decode step) also write a zero into the null page, where nobody
+            # reads: a one-element scatter is rewritten by XLA:CPU into an in-place update that it then fuses into
+            # the attention's read of the same scales, which needs a copy of the whole scale pool first, twice a
+            # layer, so a lone request's step grew with the pool (benchmarks/NOTES.md 23); two elements stay a scatter.
+            sp, so = jnp.append(page, 0), jnp.append(off, 0)
+            ks, vs = (jnp.pad(x, ((0, 0), (0, 1))) for x in (ks, vs))
+        scales = dict(k_scale=layer.k_scale.at[:, sp, so].set(ks), v_scale=layer.v_scale.at[:, sp, so].set(vs))
     if layer.key_layout == "sd":
         keys = layer.k.at[:, page, off].set(kn.astype(layer.k.dtype))
     else:  # [KVH, N, Hd, ps]: the indexed axes (page, offset) come first in the update, [B*T, KVH, Hd]

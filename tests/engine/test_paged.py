@@ -150,6 +150,32 @@ def test_padding_writes_only_the_null_page(layout):
     assert np.abs(k[:, 0]).sum() > 0
 
 
+def test_one_tokens_int8_write_copies_no_pool():
+    """A lone request's decode step (one token) over an int8 pool: the compiled step copies no pool-sized array
+    (XLA:CPU rewrote the one-element scale scatter into an update fused into the attention's read, and copied the
+    whole scale pool twice a layer, so the step grew with the pool: benchmarks/NOTES.md 23), and the token's
+    key, value and scales land in its own page, a zero scale in the null page, nothing elsewhere."""
+    params = init_params(tiny(), 3)
+    cfg = params.config
+    pool = 67  # a page count no other array of the step has
+    cache = init_paged_cache(cfg, pool, 4, dtype=jnp.int8).with_table(np.asarray([[5, 9]]))
+    step = jax.jit(lambda p, t, pos, c: forward(p, t, pos, c, last_only=True), donate_argnums=(3,))
+    args = (params, jnp.asarray([[7]]), jnp.asarray([[5]]), cache)
+    compiled = step.lower(*args).compile()
+    text = compiled.as_text()
+    entry = text[text.index("\nENTRY ") :]
+    copies = [line.split("=")[1].split("{")[0] for line in entry.splitlines() if " copy(" in line]
+    assert not [c for c in copies if f",{pool}," in c or f"[{pool}," in c], copies
+    _, out = compiled(*args)
+    for scales in (out.k_scale[0], out.v_scale[0]):  # [KVH, pages, page_size]
+        s = np.array(scales)
+        assert (s[:, 9, 1] > 0).all()  # position 5: the table's second page, offset 1
+        s[:, 9, 1] = 0
+        assert not s.any()  # the null page's scale is the zero written beside it; nothing else
+    k = np.asarray(out.k[0])
+    assert np.abs(k[:, 9, 1]).sum() > 0 and np.abs(np.delete(k, 9, axis=1)).sum() == 0
+
+
 def test_bytes_and_shapes():
     cfg = tiny()
     c = init_paged_cache(cfg, 9, 4, rows=3, pages_per_row=2, dtype=jnp.int8)
