@@ -189,7 +189,7 @@ def write_pages(layer: PagedLayer, k: jax.Array, v: jax.Array, positions: jax.Ar
     scales = {}
     if layer.k_scale is not None:
         (kn, ks), (vn, vs) = quantize_kv(kn, axis=2), quantize_kv(vn, axis=2)
-        sp, so, (ks, vs) = page, off, (ks, vs)
+        sp, so = page, off
         if b * t == 1:
             # One token's scales (a lone request's decode step) also write a zero into the null page, where nobody
             # reads: a one-element scatter is rewritten by XLA:CPU into an in-place update that it then fuses into
