@@ -52,10 +52,9 @@ from jaxlab.errors import ConfigError
 from jaxlab.io.config import LlamaConfig
 from jaxlab.quant.calibrate import quantized_shapes
 from jaxlab.tools import hardware
-from jaxlab.tools.profile import array_bytes, matmul_probe
+from jaxlab.tools.profile import COLLECTIVES, array_bytes, count_ops, matmul_probe
 
 CHIP_NAMES = (*hardware.TOPOLOGIES, "cpu")
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 
 @dataclasses.dataclass
@@ -148,16 +147,6 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {lines[0] if lines else ''}"[:400]
 
 
-def count_ops(hlo: str, names) -> dict:
-    """How many instructions of each kind in an HLO text (``all-reduce-start`` counts as ``all-reduce``)."""
-    out = {}
-    for name in names:
-        n = len(re.findall(rf"= [^=\n]*? {re.escape(name)}(?:-start)?\(", hlo))
-        if n:
-            out[name] = n
-    return out
-
-
 def custom_call_targets(hlo: str) -> dict:
     return dict(Counter(re.findall(r'custom_call_target="([^"]+)"', hlo)))
 
@@ -191,7 +180,7 @@ def compile_one(name: str, fn, args: tuple, static: dict | None, tgt: Target, ef
         logical_bytes=array_bytes(args, per_device=True),
         flops=float(cost.get("flops", 0.0)),
         cost_bytes=float(cost.get("bytes accessed", 0.0)),
-        collectives=count_ops(hlo, COLLECTIVES),
+        collectives={k: n for k, n in count_ops(hlo, COLLECTIVES).items() if n},
         custom_calls=custom_call_targets(hlo),
         executable=exe,
         args=args,
@@ -710,7 +699,6 @@ __all__ = [
     "run",
     "compile_all",
     "compile_one",
-    "count_ops",
     "format_measured",
     "format_report",
     "measure",

@@ -31,9 +31,8 @@ from jaxlab.engine.mesh import CACHE_AXES, logical_to_spec, param_logical_axes, 
 from jaxlab.engine.placement import padded_sizes
 from jaxlab.engine.sharding import Sharded
 from jaxlab.io.config import param_shapes
-from jaxlab.tools.profile import count_ops
+from jaxlab.tools.profile import COLLECTIVES, count_ops
 
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 ITEMSIZE = {  # bytes per element of an HLO element type
     "f64": 8,
     "f32": 4,

@@ -80,6 +80,7 @@ __all__ = [
     "trace",
     "hlo_text",
     "count_ops",
+    "COLLECTIVES",
 ]
 
 
@@ -450,12 +451,9 @@ def hlo_text(jitted_fn: Callable[..., Any], *args: Any, optimized: bool = True, 
     return lowered.as_text(dialect="hlo")
 
 
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 DEFAULT_OPS = (
-    "all-reduce",
-    "all-gather",
-    "reduce-scatter",
-    "all-to-all",
-    "collective-permute",
+    *COLLECTIVES,
     "dot",
     "convolution",
     "fusion",

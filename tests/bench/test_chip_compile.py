@@ -108,16 +108,6 @@ def test_a_block_shape_mosaic_refuses_is_reported_with_the_compilers_words():
     assert not r.ok and "divisible by 8 and 128" in r.message and "\n" not in r.message
 
 
-def test_count_ops_reads_synchronous_and_async_collectives():
-    hlo = (
-        "  %a = f32[8]{0} all-reduce(f32[8]{0} %x), replica_groups={}\n"
-        "  %b = (f32[8]{0}, f32[8]{0}) all-reduce-start(f32[8]{0} %y)\n"
-        "  %c = f32[8]{0} all-reduce-done((f32[8]{0}, f32[8]{0}) %b)\n"
-        "  %d = f32[16]{0} all-gather(f32[8]{0} %z), dimensions={0}\n"
-    )
-    assert cc.count_ops(hlo, cc.COLLECTIVES) == {"all-reduce": 2, "all-gather": 1}
-
-
 @pytest.mark.parametrize("fmt", ["int8", "int4", "w8a8"])
 def test_quantized_shapes_are_the_quantized_models(fmt):
     from jaxlab.engine.model import init_params
