@@ -277,6 +277,8 @@ def test_wheel_carries_every_module_and_every_data_file(tmp_path):
             assert f"jaxlab/data/{f.relative_to(ROOT / 'data').as_posix()}" in names, f"{f} is not in the wheel"
     for f in (ROOT / "jaxlab").rglob("*.py"):
         assert f.relative_to(ROOT).as_posix() in names, f"{f} is not in the wheel (add its package to pyproject.toml)"
+    for f in (ROOT / "jaxlab").rglob("*.cc"):  # the CPU kernel's source, built on first use
+        assert f.relative_to(ROOT).as_posix() in names, f"{f} is not in the wheel (add it to package-data)"
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxlab.errors import ConfigError
+from jaxlab.quant import cpu_kernel
 
 Array = jax.Array
 FORMATS = ("int8", "int4", "w8a8")
@@ -145,9 +146,17 @@ class QuantizedMatrix:
 # --------------------------------------------------------------------------------------------------
 
 
+def _xla_int8_matmul(xq: Array, q: Array) -> Array:
+    return jax.lax.dot_general(xq, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32)
+
+
 def _int8_matmul(xq: Array, q: Array) -> Array:
-    """[R, I] int8 x [O, I] int8 -> [R, O] float32 (exact int32 accumulation)."""
-    acc = jax.lax.dot_general(xq, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32)
+    """[R, I] int8 x [O, I] int8 -> [R, O] float32 (exact int32 accumulation). A few rows lowered for a CPU run on
+    jaxlab's own kernel (:mod:`jaxlab.quant.cpu_kernel`: the same integers, at the memory bandwidth)."""
+    if xq.ndim == 2 and cpu_kernel.uses_kernel(xq.shape[0]):
+        acc = jax.lax.platform_dependent(xq, q, cpu=cpu_kernel.int8_matmul, default=_xla_int8_matmul)
+    else:
+        acc = _xla_int8_matmul(xq, q)
     return acc.astype(jnp.float32)
 
 

@@ -1,0 +1,207 @@
+// jaxlab's int8 x int8 -> int32 matrix product for XLA:CPU, called through the XLA FFI
+// (jaxlab/quant/cpu_kernel.py builds, loads and registers it; benchmarks/NOTES.md 26 says why it exists).
+//
+//   y[r, n] = sum_k x[r, k] * w[n, k]        x: int8 [R, K], w: int8 [N, K], y: int32 [R, N]
+//
+// Integer arithmetic is exact, so y is the same, bit for bit, as XLA's s32 dot_general of the same operands: only
+// the time differs. It is meant for a few rows (a decode step's one or two rows, each split into two int8 rows by
+// quant.formats.split_activations), where XLA:CPU's int8 GEMM streams the weights at under half the memory
+// bandwidth. Each 64-byte piece of a weight row meets every activation row in AVX-512 VNNI's vpdpbusd
+// (unsigned x signed bytes): x + 128 is the unsigned operand and 128 * sum_k w[n, k] is taken back off, which
+// is exact for every int8 value, -128 included. The weight rows are split over the calling thread and helper
+// threads that spin between calls (a one-row product of a 576 x 576 matrix takes ~20 microseconds, less than
+// waking a sleeping thread) and sleep after SPIN_MICROSECONDS without work.
+#include <immintrin.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int kColumns = 4;             // weight rows read side by side
+constexpr int64_t kPrefetchBytes = 2048;  // how far ahead in a weight row (measured: 0, 1024, 2048, 4096, 8192)
+constexpr int kSpinMicroseconds = 200;
+constexpr int kMaxThreads = 8;
+
+template <int RB, int CB>
+inline void Piece(const uint8_t* xu, const int8_t* w, int64_t K, int64_t r0, int64_t n0, int64_t k, __mmask64 m,
+                  __m512i (&acc)[RB][CB], __m512i (&wsum)[CB]) {
+  const __m512i ones = _mm512_set1_epi8(1);
+  __m512i a[RB];
+#pragma GCC unroll 8
+  for (int i = 0; i < RB; ++i) a[i] = _mm512_maskz_loadu_epi8(m, xu + (r0 + i) * K + k);
+#pragma GCC unroll 8
+  for (int c = 0; c < CB; ++c) {
+    const int8_t* row = w + (n0 + c) * K + k;
+    _mm_prefetch(reinterpret_cast<const char*>(row + kPrefetchBytes), _MM_HINT_T0);
+    const __m512i b = _mm512_maskz_loadu_epi8(m, row);
+    wsum[c] = _mm512_dpbusd_epi32(wsum[c], ones, b);
+#pragma GCC unroll 8
+    for (int i = 0; i < RB; ++i) acc[i][c] = _mm512_dpbusd_epi32(acc[i][c], a[i], b);
+  }
+}
+
+// rows [r0, r0 + RB) of y, columns [n0, n0 + CB)
+template <int RB, int CB>
+void Block(const uint8_t* xu, const int8_t* w, int32_t* y, int64_t K, int64_t N, int64_t r0, int64_t n0) {
+  __m512i acc[RB][CB], wsum[CB];
+#pragma GCC unroll 8
+  for (int c = 0; c < CB; ++c) {
+    wsum[c] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int i = 0; i < RB; ++i) acc[i][c] = _mm512_setzero_si512();
+  }
+  const int64_t full = K / 64 * 64;
+  int64_t k = 0;
+  for (; k < full; k += 64) Piece<RB, CB>(xu, w, K, r0, n0, k, ~0ULL, acc, wsum);
+  if (K % 64) Piece<RB, CB>(xu, w, K, r0, n0, k, ~0ULL >> (64 - K % 64), acc, wsum);
+#pragma GCC unroll 8
+  for (int c = 0; c < CB; ++c) {
+    const __m512i offset = _mm512_slli_epi32(wsum[c], 7);  // 128 * sum_k w[n, k], lane by lane
+#pragma GCC unroll 8
+    for (int i = 0; i < RB; ++i) y[(r0 + i) * N + n0 + c] = _mm512_reduce_add_epi32(_mm512_sub_epi32(acc[i][c], offset));
+  }
+}
+
+template <int RB>
+void Rows(const uint8_t* xu, const int8_t* w, int32_t* y, int64_t K, int64_t N, int64_t r0, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  for (; n + kColumns <= n1; n += kColumns) Block<RB, kColumns>(xu, w, y, K, N, r0, n);
+  for (; n < n1; ++n) Block<RB, 1>(xu, w, y, K, N, r0, n);
+}
+
+void Columns(const uint8_t* xu, const int8_t* w, int32_t* y, int64_t R, int64_t K, int64_t N, int64_t n0, int64_t n1) {
+  int64_t r = 0;
+  for (; r + 4 <= R; r += 4) Rows<4>(xu, w, y, K, N, r, n0, n1);
+  for (; r + 2 <= R; r += 2) Rows<2>(xu, w, y, K, N, r, n0, n1);
+  for (; r < R; ++r) Rows<1>(xu, w, y, K, N, r, n0, n1);
+}
+
+// One product, its weight rows in chunks that the caller and the helpers claim until none is left.
+struct Job {
+  const uint8_t* xu;
+  const int8_t* w;
+  int32_t* y;
+  int64_t R, K, N, chunk, chunks;
+  std::atomic<int64_t> next{0}, done{0};
+  void Work() {
+    for (;;) {
+      const int64_t c = next.fetch_add(1, std::memory_order_relaxed);
+      if (c >= chunks) return;
+      const int64_t n0 = c * chunk;
+      Columns(xu, w, y, R, K, N, n0, std::min(N, n0 + chunk));
+      done.fetch_add(1, std::memory_order_release);
+    }
+  }
+};
+
+class Helpers {
+ public:
+  explicit Helpers(int count) {
+    for (int i = 0; i < count; ++i) threads_.emplace_back([this] { Loop(); });
+  }
+  int count() const { return static_cast<int>(threads_.size()); }
+
+  // Runs the job on this thread and the helpers; returns when every chunk is done and no helper holds the job.
+  // A helper that never wakes costs time, not correctness: this thread claims whatever is left. Two threads
+  // calling at once (programs of several CPU devices) are safe: each job is done by its caller, helped or not.
+  void Run(Job* job) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      job_.store(job, std::memory_order_release);
+      generation_.fetch_add(1, std::memory_order_acq_rel);
+    }
+    if (sleeping_.load(std::memory_order_acquire)) wake_.notify_all();
+    job->Work();
+    while (job->done.load(std::memory_order_acquire) < job->chunks) _mm_pause();
+    // sequentially consistent: the store must be seen before inside_ is read, or a helper could take the job
+    // after this thread found none inside it and returned (the job lives on this thread's stack)
+    job_.store(nullptr, std::memory_order_seq_cst);
+    while (inside_.load(std::memory_order_seq_cst)) _mm_pause();
+  }
+
+ private:
+  void Loop() {
+    uint64_t seen = generation_.load();
+    for (;;) {
+      const auto start = std::chrono::steady_clock::now();
+      for (int spins = 1; generation_.load(std::memory_order_acquire) == seen; ++spins) {
+        _mm_pause();
+        if (spins % 1024 == 0 &&
+            std::chrono::steady_clock::now() - start > std::chrono::microseconds(kSpinMicroseconds)) {
+          std::unique_lock<std::mutex> lock(mu_);
+          sleeping_.fetch_add(1);
+          wake_.wait(lock, [&] { return generation_.load() != seen; });
+          sleeping_.fetch_sub(1);
+        }
+      }
+      seen = generation_.load(std::memory_order_acquire);
+      inside_.fetch_add(1, std::memory_order_seq_cst);
+      if (Job* job = job_.load(std::memory_order_seq_cst)) job->Work();
+      inside_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+  }
+
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<Job*> job_{nullptr};
+  std::atomic<int> sleeping_{0}, inside_{0};
+};
+
+int SchedulableCpus() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return CPU_COUNT(&set);
+}
+
+Helpers& TheHelpers() {  // created on first use, kept for the process (never destroyed: threads outlive main)
+  static Helpers* helpers = new Helpers(std::max(0, std::min(kMaxThreads, SchedulableCpus()) - 1));
+  return *helpers;
+}
+
+ffi::Error Int8Matmul(ffi::Buffer<ffi::S8> x, ffi::Buffer<ffi::S8> w, ffi::ResultBuffer<ffi::S32> y) {
+  const auto xd = x.dimensions(), wd = w.dimensions();
+  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1])
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jaxlab_int8_matmul: expected x [R, K] and w [N, K]");
+  const int64_t R = xd[0], K = xd[1], N = wd[0];
+  thread_local std::vector<uint8_t> shifted;
+  shifted.resize(R * K);
+  const int8_t* xs = x.typed_data();
+  for (int64_t i = 0; i < R * K; ++i) shifted[i] = static_cast<uint8_t>(xs[i] + 128);
+  Job job;
+  job.xu = shifted.data();
+  job.w = w.typed_data();
+  job.y = y->typed_data();
+  job.R = R, job.K = K, job.N = N;
+  Helpers& helpers = TheHelpers();
+  const int64_t threads = 1 + helpers.count();
+  job.chunk = std::max<int64_t>(16, (N + 8 * threads - 1) / (8 * threads));
+  job.chunks = (N + job.chunk - 1) / job.chunk;
+  if (threads == 1 || job.chunks == 1)
+    job.Work();
+  else
+    helpers.Run(&job);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxlabInt8Matmul, Int8Matmul,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::S8>>()  // x [R, K]
+                                  .Arg<ffi::Buffer<ffi::S8>>()  // w [N, K]
+                                  .Ret<ffi::Buffer<ffi::S32>>()  // y [R, N]
+);
