@@ -285,6 +285,11 @@ for claim, holds in orderings.items():
 #   precision from it), and why its W8A8 pads a lone row with a row of zeros.
 # - **int4** must unpack nibbles and runs 18 short products (576 / 32 groups) instead of one long one.
 #   XLA has no int4 matrix kernel on CPU; int4 here is a *memory* format, not a speed format.
+# - Even two rows leave XLA:CPU's int8 kernel reading the weights at under half of what two cores can
+#   stream. So on a CPU with AVX-512 VNNI the rows marked *(jaxlab)* run, for up to four int8 rows, a small
+#   kernel of jaxlab's own (`jaxlab.quant.cpu_kernel`, called through the XLA FFI): integer sums are exact,
+#   so it returns XLA's integers bit for bit, only sooner (`benchmarks/NOTES.md` §26). `jaxlab info` says
+#   whether it runs on this machine; programs compiled for a TPU keep XLA's dot.
 #
 # One product of one matrix, timed on a shared machine, is a small and noisy sample: the two fast
 # formulations land within a few tens of percent of float32, either way. `benchmarks/quant_formulations.py`

@@ -81,3 +81,6 @@ def test_quick_trace_run(tmp_path, small):
         res["prefix"]["identical"] and res["prefix"]["on"]["reused_pages"] > 0 == res["prefix"]["off"]["reused_pages"]
     )
     assert res["meta"]["cpu"] and len(res["targets"]) == 4 + len(res["steps"])
+    from jaxlab.quant import cpu_kernel
+
+    assert res["meta"]["int8_cpu_kernel"] == cpu_kernel.status().reason  # results say which int8 product ran
