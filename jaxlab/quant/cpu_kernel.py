@@ -114,8 +114,12 @@ def status() -> KernelStatus:
             seconds = build(compiler, path)
         except (RuntimeError, OSError) as e:
             return KernelStatus(False, f"building it failed ({e}): XLA's int8 dot runs")
-    lib = ctypes.cdll.LoadLibrary(str(path))
-    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(getattr(lib, SYMBOL)), platform="cpu")
+    try:
+        lib = ctypes.cdll.LoadLibrary(str(path))
+        handler = getattr(lib, SYMBOL)
+    except (OSError, AttributeError) as e:  # a damaged file in the cache: say so, and what to do
+        return KernelStatus(False, f"loading {path} failed ({e}); delete it to rebuild: XLA's int8 dot runs")
+    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(handler), platform="cpu")
     return KernelStatus(True, f"in use for int8 products of <= {MAX_ROWS} rows", str(path), seconds)
 
 

@@ -51,6 +51,13 @@ def test_turned_off_and_a_failed_build_say_so(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match="failed"):
         cpu_kernel.build("false", tmp_path / "lib.so")
     assert not (tmp_path / "lib.so").exists()
+    if cpu_kernel.status().available:  # a damaged library in the cache is reported, not raised
+        monkeypatch.setenv(cpu_kernel.ENV, "1")
+        monkeypatch.setenv("JAXLAB_CACHE", str(tmp_path))
+        cpu_kernel.library_path().parent.mkdir(parents=True)
+        cpu_kernel.library_path().write_bytes(b"not a library")
+        st = cpu_kernel.status.__wrapped__()
+        assert not st.available and "delete it to rebuild" in st.reason
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4])
