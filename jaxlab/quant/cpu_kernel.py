@@ -54,7 +54,6 @@ class KernelStatus:
     available: bool
     reason: str
     library: str | None = None
-    build_seconds: float = 0.0
 
 
 def _cpu_flags() -> set[str]:
@@ -78,13 +77,10 @@ def library_path() -> Path:
     return cache_dir() / "kernels" / key[:16] / "libjaxlab_int8_matmul.so"
 
 
-def build(compiler: str, out: Path) -> float:
+def build(compiler: str, out: Path) -> None:
     """Compile the kernel into ``out`` (whole or not at all: concurrent builders each write a file of their own and
-    rename it into place); returns the seconds it took. Raises ``RuntimeError`` with the compiler's message."""
-    import time
-
+    rename it into place). Raises ``RuntimeError`` with the compiler's message."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         part = Path(tmp) / out.name
         cmd = [compiler, *FLAGS, f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", str(part)]
@@ -92,7 +88,6 @@ def build(compiler: str, out: Path) -> float:
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed: {(done.stderr or done.stdout).strip()[-800:]}")
         os.replace(part, out)
-    return time.perf_counter() - t0
 
 
 @functools.cache
@@ -105,13 +100,13 @@ def status() -> KernelStatus:
     missing = [f for f in CPU_FLAGS if f not in _cpu_flags()]
     if missing:
         return KernelStatus(False, f"this CPU lacks {', '.join(missing)}: XLA's int8 dot runs")
-    path, seconds = library_path(), 0.0
+    path = library_path()
     if not path.exists():
         compiler = _compiler()
         if compiler is None:
             return KernelStatus(False, "no C++ compiler (g++ or c++) to build it with: XLA's int8 dot runs")
         try:
-            seconds = build(compiler, path)
+            build(compiler, path)
         except (RuntimeError, OSError) as e:
             return KernelStatus(False, f"building it failed ({e}): XLA's int8 dot runs")
     try:
@@ -120,7 +115,7 @@ def status() -> KernelStatus:
     except (OSError, AttributeError) as e:  # a damaged file in the cache: say so, and what to do
         return KernelStatus(False, f"loading {path} failed ({e}); delete it to rebuild: XLA's int8 dot runs")
     jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(handler), platform="cpu")
-    return KernelStatus(True, f"in use for int8 products of <= {MAX_ROWS} rows", str(path), seconds)
+    return KernelStatus(True, f"in use for int8 products of <= {MAX_ROWS} rows", str(path))
 
 
 def int8_matmul(xq: jax.Array, q: jax.Array) -> jax.Array:

@@ -10,7 +10,7 @@
 // (unsigned x signed bytes): x + 128 is the unsigned operand and 128 * sum_k w[n, k] is taken back off, which
 // is exact for every int8 value, -128 included. The weight rows are split over the calling thread and helper
 // threads that spin between calls (a one-row product of a 576 x 576 matrix takes ~20 microseconds, less than
-// waking a sleeping thread) and sleep after SPIN_MICROSECONDS without work.
+// waking a sleeping thread) and sleep after kSpinMicroseconds without work.
 #include <immintrin.h>
 #include <sched.h>
 
