@@ -72,8 +72,8 @@ def render(res: dict) -> str:
             "absolute numbers are pessimistic and ratios noisy; PyTorch's OpenMP threads spin-wait and slow down "
             "far more than XLA's when CPUs are oversubscribed (OMP_WAIT_POLICY=PASSIVE makes the peer robust to that)"
         )
-    if meta.get("int8_cpu_kernel"):
-        head.append(f"int8 kernel {meta['int8_cpu_kernel']}")
+    if meta.get("cpu_kernels"):
+        head.append(f"CPU kernels {meta['cpu_kernels']}")
     if meta.get("persistent_compile_cache"):
         head.append(
             f"note        persistent compilation cache on ({meta['persistent_compile_cache']}): compile times may be cache loads"

@@ -37,10 +37,10 @@ def run_bench(opts: Options, log=None) -> dict:
     import jax
 
     from jaxlab import __version__
+    from jaxlab.engine.kernels import cpu as cpu_kernels
     from jaxlab.engine.loading import load_model
     from jaxlab.engine.plan import CACHE_BUCKETS, bucket
     from jaxlab.errors import InvalidRequestError
-    from jaxlab.quant import cpu_kernel
     from jaxlab.tools import hardware, profile
 
     P, N = opts.prompt_len, opts.new_tokens
@@ -106,7 +106,7 @@ def run_bench(opts: Options, log=None) -> dict:
         "threads": threads,
         "load_average_start": os.getloadavg(),
         "persistent_compile_cache": jax.config.jax_compilation_cache_dir,
-        "int8_cpu_kernel": cpu_kernel.status().reason,  # whether jaxlab's own int8 product ran the few-row steps
+        "cpu_kernels": cpu_kernels.status().reason,  # whether jaxlab's own CPU kernels ran the few-row steps
         "model": "SmolLM2-135M-Instruct (embedded GGUF, Q4_1 dequantized)"
         if opts.model is None
         else f"{m.source} (float32)",

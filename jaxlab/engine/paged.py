@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxlab.engine.kernels import cpu as cpu_kernels
 from jaxlab.engine.kernels import paged_attention
 from jaxlab.engine.kernels.common import MASK_VALUE, SOFTMAX, online_softmax, rows_alike
 from jaxlab.engine.kvcache import check_key_layout, int8_bmm, kv_vector_bytes, quantize_kv
@@ -129,6 +130,8 @@ class PagedLayer:
         ``policy``: the model's :class:`~jaxlab.engine.model.Policy` (its matmul and its attention switch)."""
         if policy.attention == "pallas":
             return pallas_paged(q, self, positions, policy)
+        if uses_cpu_kernel(q, self, policy):
+            return jax.lax.platform_dependent(q, positions, self, cpu=cpu_paged, default=xla_read_pages(policy.matmul))
         return read_pages(q, self, positions, policy.matmul)
 
 
@@ -283,6 +286,35 @@ def read_pages(q: jax.Array, layer: PagedLayer, positions: jax.Array, matmul: Ma
         out = acc / total
     out = out.reshape(b, kvh, g, t, hd).transpose(0, 3, 1, 2, 4)
     return out.reshape(b, t, kvh * g * hd)
+
+
+def uses_cpu_kernel(q: jax.Array, layer: PagedLayer, policy) -> bool:
+    """Whether attention over ``layer`` runs on jaxlab's CPU kernel (:mod:`jaxlab.engine.kernels.cpu`) when the
+    program is lowered for a CPU: a few float32 queries a row over the pages :func:`~jaxlab.engine.kvcache.key_layout_for`
+    gives XLA:CPU (float32 with each page's keys transposed, or int8 with their scales), the kernel built and not
+    turned off."""
+    b, t, kvh, g, hd = q.shape
+    if policy.dtype != "float32" or q.dtype != jnp.float32:
+        return False
+    if layer.k_scale is not None:
+        pages = layer.k.dtype == jnp.int8 and layer.key_layout == "sd"
+    else:
+        pages = layer.k.dtype == jnp.float32 and layer.key_layout == "ds"
+    return pages and cpu_kernels.uses_paged_attention(t, hd)
+
+
+def cpu_paged(q: jax.Array, positions: jax.Array, layer: PagedLayer) -> jax.Array:
+    """Attention through the page table by jaxlab's CPU kernel: q [B, T, KVH, G, Hd] at ``positions`` [B, T] ->
+    [B, T, KVH*G*Hd] float32, each page read where it lies instead of gathered (benchmarks/NOTES.md 27); what
+    :func:`read_pages` computes, within float32 rounding (int8 pages: of their dequantized vectors)."""
+    b, t = positions.shape
+    scales = (layer.k_scale, layer.v_scale) if layer.k_scale is not None else ()
+    return cpu_kernels.paged_attention(q, positions, layer.k, layer.v, layer.page_table, *scales).reshape(b, t, -1)
+
+
+def xla_read_pages(matmul: Matmul):
+    """:func:`read_pages` with ``matmul``, as a function of (q, positions, layer): the other platforms' branch."""
+    return lambda q, positions, layer: read_pages(q, layer, positions, matmul)
 
 
 def pallas_paged(q: jax.Array, layer: PagedLayer, positions: jax.Array, policy) -> jax.Array:

@@ -46,8 +46,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxlab.engine.kernels import cpu as cpu_kernels
 from jaxlab.errors import ConfigError
-from jaxlab.quant import cpu_kernel
 
 Array = jax.Array
 FORMATS = ("int8", "int4", "w8a8")
@@ -152,9 +152,9 @@ def _xla_int8_matmul(xq: Array, q: Array) -> Array:
 
 def _int8_matmul(xq: Array, q: Array) -> Array:
     """[R, I] int8 x [O, I] int8 -> [R, O] float32 (exact int32 accumulation). A few rows lowered for a CPU run on
-    jaxlab's own kernel (:mod:`jaxlab.quant.cpu_kernel`: the same integers, at the memory bandwidth)."""
-    if xq.ndim == 2 and cpu_kernel.uses_kernel(xq.shape[0]):
-        acc = jax.lax.platform_dependent(xq, q, cpu=cpu_kernel.int8_matmul, default=_xla_int8_matmul)
+    jaxlab's own kernel (:mod:`jaxlab.engine.kernels.cpu`: the same integers, at the memory bandwidth)."""
+    if xq.ndim == 2 and cpu_kernels.uses_int8_matmul(xq.shape[0]):
+        acc = jax.lax.platform_dependent(xq, q, cpu=cpu_kernels.int8_matmul, default=_xla_int8_matmul)
     else:
         acc = _xla_int8_matmul(xq, q)
     return acc.astype(jnp.float32)

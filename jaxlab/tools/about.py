@@ -15,10 +15,10 @@ def info() -> dict:
 
     import jax
 
+    from jaxlab.engine.kernels import cpu as cpu_kernels
     from jaxlab.engine.mesh import describe_mesh
     from jaxlab.engine.model import backend_numerics, default_policy
     from jaxlab.io import assets
-    from jaxlab.quant import cpu_kernel
     from jaxlab.tools import compile_cache, hardware
 
     versions = {}
@@ -66,7 +66,7 @@ def info() -> dict:
         "mesh": describe_mesh(),
         "quant_formats": list(FORMATS),
         "kv_cache_formats": list(KV_FORMATS),
-        "int8_cpu_kernel": cpu_kernel.status().reason,  # jaxlab's own int8 product for a few rows on a CPU
+        "cpu_kernels": cpu_kernels.status().reason,  # jaxlab's own int8 product and paged attention on a CPU
     }
 
 
@@ -92,7 +92,7 @@ def format_info(d: dict) -> str:
         f"  quantization  --quant {', '.join(d['quant_formats'])} (int4: --group-size); "
         f"--kv-cache {', '.join(d['kv_cache_formats'])}"
     )
-    lines.append(f"  int8 kernel   {d['int8_cpu_kernel']}")
+    lines.append(f"  CPU kernels   {d['cpu_kernels']}")
     if d["xla_flags"]:
         lines.append(f"  XLA_FLAGS     {d['xla_flags']}")
     return "\n".join(lines) + "\n"

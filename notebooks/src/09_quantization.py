@@ -287,7 +287,7 @@ for claim, holds in orderings.items():
 #   XLA has no int4 matrix kernel on CPU; int4 here is a *memory* format, not a speed format.
 # - Even two rows leave XLA:CPU's int8 kernel reading the weights at under half of what two cores can
 #   stream. So on a CPU with AVX-512 VNNI the rows marked *(jaxlab)* run, for up to four int8 rows, a small
-#   kernel of jaxlab's own (`jaxlab.quant.cpu_kernel`, called through the XLA FFI): integer sums are exact,
+#   kernel of jaxlab's own (`jaxlab.engine.kernels.cpu`, called through the XLA FFI): integer sums are exact,
 #   so it returns XLA's integers bit for bit, only sooner (`benchmarks/NOTES.md` §26). `jaxlab info` says
 #   whether it runs on this machine; programs compiled for a TPU keep XLA's dot.
 #

@@ -122,9 +122,12 @@ print(tables)
 # Request `c` arrived later with the same system prompt as `a`: its first full pages are **the same
 # physical pages** as `a`'s (hatched). That is prefix reuse (section 5).
 #
-# Attention reads a row's keys through its table: the pages are gathered (up to 256 positions at once, then
-# block by block with an online softmax), and a query at position *p* sees positions `0..p`. Is that the same
-# computation as the contiguous cache? On the real model:
+# Attention reads a row's keys through its table, and a query at position *p* sees positions `0..p`. XLA gathers
+# the row's pages into a copy (up to 256 positions at once, then block by block with an online softmax); on a CPU
+# with AVX-512 a decode step reads them where they lie instead, in a kernel of jaxlab's own
+# (`jaxlab.engine.kernels.cpu`, `benchmarks/NOTES.md` 27: XLA:CPU writes that copy at under half the memory
+# bandwidth). So the check below also compares two implementations of attention. Is it the same computation as the
+# contiguous cache? On the real model:
 
 # %%
 engine.run()

@@ -535,7 +535,7 @@ def test_quick_report_has_every_part(quick):
         "Compile",
         "Memory",
         "Targets",
-        "int8 kernel ",  # which int8 product ran the few-row steps (jaxlab.quant.cpu_kernel)
+        "CPU kernels ",  # whether jaxlab's CPU kernels ran the few-row steps (jaxlab.engine.kernels.cpu)
     ):
         assert header in text, f"{header!r} missing from:\n{text}"
     assert text.count("PASS") + text.count("MISS") + text.count("n/a") >= len(targets.TARGETS)

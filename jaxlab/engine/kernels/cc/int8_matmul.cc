@@ -1,5 +1,5 @@
 // jaxlab's int8 x int8 -> int32 matrix product for XLA:CPU, called through the XLA FFI
-// (jaxlab/quant/cpu_kernel.py builds, loads and registers it; benchmarks/NOTES.md 26 says why it exists).
+// (jaxlab/engine/kernels/cpu.py builds, loads and registers it; benchmarks/NOTES.md 26 says why it exists).
 //
 //   y[r, n] = sum_k x[r, k] * w[n, k]        x: int8 [R, K], w: int8 [N, K], y: int32 [R, N]
 //
@@ -8,21 +8,15 @@
 // quant.formats.split_activations), where XLA:CPU's int8 GEMM streams the weights at under half the memory
 // bandwidth. Each 64-byte piece of a weight row meets every activation row in AVX-512 VNNI's vpdpbusd
 // (unsigned x signed bytes): x + 128 is the unsigned operand and 128 * sum_k w[n, k] is taken back off, which
-// is exact for every int8 value, -128 included. The weight rows are split over the calling thread and helper
-// threads that spin between calls (a one-row product of a 576 x 576 matrix takes ~20 microseconds, less than
-// waking a sleeping thread) and sleep after kSpinMicroseconds without work.
+// is exact for every int8 value, -128 included. The weight rows are split over the calling thread and the
+// library's helper threads (threads.h).
 #include <immintrin.h>
-#include <sched.h>
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
-#include <thread>
 #include <vector>
 
+#include "threads.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -31,8 +25,6 @@ namespace {
 
 constexpr int kColumns = 4;             // weight rows read side by side
 constexpr int64_t kPrefetchBytes = 2048;  // how far ahead in a weight row (measured: 0, 1024, 2048, 4096, 8192)
-constexpr int kSpinMicroseconds = 200;
-constexpr int kMaxThreads = 8;
 
 template <int RB, int CB>
 inline void Piece(const uint8_t* xu, const int8_t* w, int64_t K, int64_t r0, int64_t n0, int64_t k, __mmask64 m,
@@ -88,88 +80,17 @@ void Columns(const uint8_t* xu, const int8_t* w, int32_t* y, int64_t R, int64_t 
   for (; r < R; ++r) Rows<1>(xu, w, y, K, N, r, n0, n1);
 }
 
-// One product, its weight rows in chunks that the caller and the helpers claim until none is left.
-struct Job {
+struct Product {
   const uint8_t* xu;
   const int8_t* w;
   int32_t* y;
-  int64_t R, K, N, chunk, chunks;
-  std::atomic<int64_t> next{0}, done{0};
-  void Work() {
-    for (;;) {
-      const int64_t c = next.fetch_add(1, std::memory_order_relaxed);
-      if (c >= chunks) return;
-      const int64_t n0 = c * chunk;
-      Columns(xu, w, y, R, K, N, n0, std::min(N, n0 + chunk));
-      done.fetch_add(1, std::memory_order_release);
-    }
-  }
+  int64_t R, K, N, chunk;
 };
 
-class Helpers {
- public:
-  explicit Helpers(int count) {
-    for (int i = 0; i < count; ++i) threads_.emplace_back([this] { Loop(); });
-  }
-  int count() const { return static_cast<int>(threads_.size()); }
-
-  // Runs the job on this thread and the helpers; returns when every chunk is done and no helper holds the job.
-  // A helper that never wakes costs time, not correctness: this thread claims whatever is left. Two threads
-  // calling at once (programs of several CPU devices) are safe: each job is done by its caller, helped or not.
-  void Run(Job* job) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      job_.store(job, std::memory_order_release);
-      generation_.fetch_add(1, std::memory_order_acq_rel);
-    }
-    if (sleeping_.load(std::memory_order_acquire)) wake_.notify_all();
-    job->Work();
-    while (job->done.load(std::memory_order_acquire) < job->chunks) _mm_pause();
-    // sequentially consistent: the store must be seen before inside_ is read, or a helper could take the job
-    // after this thread found none inside it and returned (the job lives on this thread's stack)
-    job_.store(nullptr, std::memory_order_seq_cst);
-    while (inside_.load(std::memory_order_seq_cst)) _mm_pause();
-  }
-
- private:
-  void Loop() {
-    uint64_t seen = generation_.load();
-    for (;;) {
-      const auto start = std::chrono::steady_clock::now();
-      for (int spins = 1; generation_.load(std::memory_order_acquire) == seen; ++spins) {
-        _mm_pause();
-        if (spins % 1024 == 0 &&
-            std::chrono::steady_clock::now() - start > std::chrono::microseconds(kSpinMicroseconds)) {
-          std::unique_lock<std::mutex> lock(mu_);
-          sleeping_.fetch_add(1);
-          wake_.wait(lock, [&] { return generation_.load() != seen; });
-          sleeping_.fetch_sub(1);
-        }
-      }
-      seen = generation_.load(std::memory_order_acquire);
-      inside_.fetch_add(1, std::memory_order_seq_cst);
-      if (Job* job = job_.load(std::memory_order_seq_cst)) job->Work();
-      inside_.fetch_sub(1, std::memory_order_acq_rel);
-    }
-  }
-
-  std::vector<std::thread> threads_;
-  std::mutex mu_;
-  std::condition_variable wake_;
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<Job*> job_{nullptr};
-  std::atomic<int> sleeping_{0}, inside_{0};
-};
-
-int SchedulableCpus() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
-  return CPU_COUNT(&set);
-}
-
-Helpers& TheHelpers() {  // created on first use, kept for the process (never destroyed: threads outlive main)
-  static Helpers* helpers = new Helpers(std::max(0, std::min(kMaxThreads, SchedulableCpus()) - 1));
-  return *helpers;
+void ProductChunk(const void* context, int64_t c) {
+  const Product& p = *static_cast<const Product*>(context);
+  const int64_t n0 = c * p.chunk;
+  Columns(p.xu, p.w, p.y, p.R, p.K, p.N, n0, std::min(p.N, n0 + p.chunk));
 }
 
 ffi::Error Int8Matmul(ffi::Buffer<ffi::S8> x, ffi::Buffer<ffi::S8> w, ffi::ResultBuffer<ffi::S32> y) {
@@ -181,19 +102,11 @@ ffi::Error Int8Matmul(ffi::Buffer<ffi::S8> x, ffi::Buffer<ffi::S8> w, ffi::Resul
   shifted.resize(R * K);
   const int8_t* xs = x.typed_data();
   for (int64_t i = 0; i < R * K; ++i) shifted[i] = static_cast<uint8_t>(xs[i] + 128);
-  Job job;
-  job.xu = shifted.data();
-  job.w = w.typed_data();
-  job.y = y->typed_data();
-  job.R = R, job.K = K, job.N = N;
-  Helpers& helpers = TheHelpers();
-  const int64_t threads = 1 + helpers.count();
-  job.chunk = std::max<int64_t>(16, (N + 8 * threads - 1) / (8 * threads));
-  job.chunks = (N + job.chunk - 1) / job.chunk;
-  if (threads == 1 || job.chunks == 1)
-    job.Work();
-  else
-    helpers.Run(&job);
+  const int64_t threads = jaxlab::Threads();
+  Product p{shifted.data(), w.typed_data(), y->typed_data(), R, K, N,
+            std::max<int64_t>(16, (N + 8 * threads - 1) / (8 * threads))};
+  jaxlab::Job job(ProductChunk, &p, (N + p.chunk - 1) / p.chunk);
+  jaxlab::TheHelpers().Run(&job);
   return ffi::Error::Success();
 }
 

@@ -1,0 +1,215 @@
+"""jaxlab's CPU kernels (jaxlab.engine.kernels.cpu): built where the CPU can run them; the int8 product gives the
+same integers as XLA's dot for every int8 value and shape, paged attention what XLA's read through the pages gives
+within float32 rounding, and each row the same bits alone or among others; in CPU programs only for a few rows or
+queries, never in a program lowered for a TPU.
+
+The model-level checks run through them without naming them: every int8 test of a one- or two-row step (the goldens,
+`tests/engine/test_model.py::test_an_int8_decode_row_is_the_same_bits_alone_and_among_others`, the engine's batch
+invariance) compares the int8 kernel's rows with XLA's GEMM rows of larger batches, and every float32 decode step
+of the engine (`tests/engine/test_continuous.py`, `tests/engine/test_paged.py`'s key layout "ds") reads its pages
+through the attention kernel.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxlab.engine.kernels import cpu as cpu_kernel
+from jaxlab.engine.kvcache import quantize_kv
+from jaxlab.engine.paged import PagedLayer, read_pages
+from jaxlab.quant.formats import quantize_matrix
+
+
+def _needs_kernel():
+    st = cpu_kernel.status()
+    if not st.available:
+        pytest.skip(f"jaxlab's CPU kernels are not in use on this host: {st.reason}")
+    return st
+
+
+def test_the_kernel_is_in_use_where_the_cpu_and_a_compiler_allow():
+    """On Linux x86-64 with AVX-512 BW/VL/VNNI and g++ (CI's machines and Colab's CPUs), the kernel must build and
+    load; elsewhere its status must say what is missing."""
+    import platform
+    import shutil
+    from pathlib import Path
+
+    st = cpu_kernel.status()
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    can = (
+        platform.system() == "Linux"
+        and platform.machine() == "x86_64"
+        and all(f" {f}" in flags for f in cpu_kernel.CPU_FLAGS)
+        and (shutil.which("g++") or shutil.which("c++"))
+    )
+    if can:
+        assert st.available, st.reason
+        assert st.library and st.library.endswith(".so") and "<= 4 rows" in st.reason and "<= 8 queries" in st.reason
+    else:
+        assert not st.available and ("lacks" in st.reason or "compiler" in st.reason or "Linux" in st.reason)
+
+
+def test_turned_off_and_a_failed_build_say_so(monkeypatch, tmp_path):
+    monkeypatch.setenv(cpu_kernel.ENV, "0")
+    st = cpu_kernel.status.__wrapped__()
+    assert not st.available and "JAXLAB_CPU_KERNEL=0" in st.reason
+    with pytest.raises(RuntimeError, match="failed"):
+        cpu_kernel.build("false", tmp_path / "lib.so")
+    assert not (tmp_path / "lib.so").exists()
+    if cpu_kernel.status().available:  # a damaged library in the cache is reported, not raised
+        monkeypatch.setenv(cpu_kernel.ENV, "1")
+        monkeypatch.setenv("JAXLAB_CACHE", str(tmp_path))
+        cpu_kernel.library_path().parent.mkdir(parents=True)
+        cpu_kernel.library_path().write_bytes(b"not a library")
+        st = cpu_kernel.status.__wrapped__()
+        assert not st.available and "delete it to rebuild" in st.reason
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+def test_the_kernel_gives_xla_dots_integers_for_every_int8_value(rows):
+    """-128 to 127 in both operands, inner sizes that are and are not a multiple of 64, output sizes that are and
+    are not a multiple of the 4 columns read side by side, up to the model's head (49,152 rows)."""
+    _needs_kernel()
+    rng = np.random.default_rng(rows)
+    kernel = jax.jit(cpu_kernel.int8_matmul)
+    xla = jax.jit(lambda x, w: jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32))
+    for k, n in [(1, 1), (63, 5), (64, 4), (65, 37), (576, 576), (1536, 600), (576, 49152)]:
+        x = rng.integers(-128, 128, (rows, k), dtype=np.int8)
+        w = rng.integers(-128, 128, (n, k), dtype=np.int8)
+        x[0, 0], w[-1, -1] = -128, -128  # the value whose sign the unsigned x signed instruction cannot flip
+        np.testing.assert_array_equal(np.asarray(kernel(x, w)), np.asarray(xla(x, w)), err_msg=f"{rows}x{k} . {n}x{k}")
+
+
+def test_cpu_programs_hold_the_kernel_for_few_rows_and_tpu_programs_never():
+    _needs_kernel()
+    w = quantize_matrix(np.random.default_rng(0).standard_normal((64, 128)).astype(np.float32), "int8")
+    f = jax.jit(lambda m, x: m.dot(x))
+    for rows, expect in [(1, True), (2, True), (3, False), (8, False)]:  # activation rows are split in two: <= 4
+        x = jnp.ones((rows, 128), jnp.float32)
+        assert ("jaxlab_int8_matmul" in f.lower(w, x).as_text()) == expect, rows
+        tpu = f.trace(w, x).lower(lowering_platforms=("tpu",)).as_text()
+        assert "custom_call" not in tpu, rows
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((2, 128)), jnp.float32)
+    y, ref = np.asarray(f(w, x), np.float64), np.asarray(x @ w.dequantize().T, np.float64)
+    assert np.abs(y - ref).max() / np.abs(ref).max() < 1e-4  # the bound of tests/quant/test_quant.py's int8 dot
+
+
+def test_calls_from_several_threads_at_once_each_get_their_own_product():
+    """Programs of several CPU devices (or threads) may call the kernel at the same moment: each call is its own."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    _needs_kernel()
+    rng = np.random.default_rng(7)
+    kernel = jax.jit(cpu_kernel.int8_matmul)
+    cases = [
+        (rng.integers(-128, 128, (2, 576), dtype=np.int8), rng.integers(-128, 128, (1536, 576), dtype=np.int8))
+        for _ in range(6)
+    ]
+    want = [x.astype(np.int32) @ w.astype(np.int32).T for x, w in cases]
+    with ThreadPoolExecutor(6) as pool:
+        for _ in range(5):
+            got = list(pool.map(lambda c: np.asarray(kernel(*c)), cases))
+            for g, w in zip(got, want):
+                np.testing.assert_array_equal(g, w)
+
+
+def _paged_case(rng, b, t, kvh, g, hd, ps, width, pool, pages="float32"):
+    """Random pools as the engine keeps them on a CPU (float32 with each page's keys transposed, or int8 with their
+    scales), a random page table and positions: (q, positions, layer); row 0's first query sees every position, row
+    1's (if any) is padding."""
+    k = jnp.asarray(rng.standard_normal((kvh, pool, ps, hd)), jnp.float32)
+    v = jnp.asarray(rng.standard_normal((kvh, pool, ps, hd)), jnp.float32)
+    table = jnp.asarray(rng.integers(1, pool, (b, width // ps)), jnp.int32)
+    q = jnp.asarray(rng.standard_normal((b, t, kvh, g, hd)), jnp.float32)
+    pos = rng.integers(0, width, (b, t)).astype(np.int32)
+    pos[0, 0] = width - 1
+    if b > 1:
+        pos[1, 0] = -1
+    if pages == "int8":
+        (k8, ks), (v8, vs) = quantize_kv(k, axis=3), quantize_kv(v, axis=3)
+        return q, jnp.asarray(pos), PagedLayer(k8, v8, table, ks, vs, key_layout="sd")
+    return q, jnp.asarray(pos), PagedLayer(k.transpose(0, 1, 3, 2), v, table, key_layout="ds")
+
+
+def _xla_attention(q, pos, layer):
+    mm = lambda spec, a, b: jnp.einsum(spec, a, b, precision="highest", preferred_element_type=jnp.float32)  # noqa: E731
+    return read_pages(q, layer, pos, mm)
+
+
+def _dequantized(layer):
+    """int8 pages as the float32 vectors they stand for (key layout "sd")."""
+    k, v = (
+        layer.k.astype(jnp.float32) * layer.k_scale[..., None],
+        layer.v.astype(jnp.float32) * layer.v_scale[..., None],
+    )
+    return PagedLayer(k, v, layer.page_table, key_layout="sd")
+
+
+def _kernel(q, pos, layer):
+    scales = () if layer.k_scale is None else (layer.k_scale, layer.v_scale)
+    return cpu_kernel.paged_attention(q, pos, layer.k, layer.v, layer.page_table, *scales)
+
+
+@pytest.mark.parametrize("pages", ["float32", "int8"])
+@pytest.mark.parametrize(
+    "b, t, kvh, g, hd, ps, width",
+    [
+        (3, 1, 2, 3, 10, 1, 32),  # the tiny model's heads, one position a page
+        (3, 2, 2, 3, 10, 4, 32),  # two queries a row, pages of 4: masked lanes
+        (2, 5, 1, 5, 16, 16, 64),  # a speculative step's five queries, five heads a kv head
+        (4, 1, 3, 3, 64, 16, 256),  # SmolLM2's heads
+        (1, 1, 2, 2, 128, 32, 96),  # the widest head, pages of 32
+    ],
+)
+def test_paged_attention_is_xlas_read_through_the_pages(b, t, kvh, g, hd, ps, width, pages):
+    """Every visible query within float32 rounding of read_pages over the same vectors (int8 pages: dequantized, and
+    within the ~15-bit rounding of XLA's int8 path of that path itself); a padding query (position -1) gives zeros."""
+    _needs_kernel()
+    rng = np.random.default_rng(hd + ps)
+    q, pos, layer = _paged_case(rng, b, t, kvh, g, hd, ps, width, pool=3 * b * width // ps, pages=pages)
+    got = np.asarray(jax.jit(_kernel)(q, pos, layer))
+    exact = layer if pages == "float32" else _dequantized(layer)
+    want = np.asarray(jax.jit(_xla_attention)(q, pos, exact)).reshape(got.shape)
+    seen = np.asarray(pos) >= 0
+    np.testing.assert_allclose(got[seen], want[seen], atol=2e-6, rtol=0)
+    assert not got[~seen].any()
+    if pages == "int8":
+        xla8 = np.asarray(jax.jit(_xla_attention)(q, pos, layer)).reshape(got.shape)
+        np.testing.assert_allclose(got[seen], xla8[seen], atol=2e-4, rtol=0)
+
+
+@pytest.mark.parametrize("pages", ["float32", "int8"])
+def test_a_rows_paged_attention_is_the_same_bits_alone_and_among_others(pages):
+    """Batch invariance: row r's output is the same bits in batches of 1, 5 and 32 rows (few rows split each kv
+    head's query heads over the threads, many give a thread whole kv heads), whatever the other rows hold."""
+    _needs_kernel()
+    q, pos, layer = _paged_case(np.random.default_rng(3), 32, 1, 3, 3, 64, 16, 512, pool=600, pages=pages)
+    kernel = jax.jit(_kernel)
+    full = np.asarray(kernel(q, pos, layer))
+    for rows in ([0], [5], [0, 7, 9, 20, 31]):
+        rows = np.asarray(rows)
+        part = np.asarray(kernel(q[rows], pos[rows], dataclasses.replace(layer, page_table=layer.page_table[rows])))
+        np.testing.assert_array_equal(part, full[rows])
+
+
+def test_cpu_programs_read_pages_on_the_kernel_for_few_queries_only():
+    """The engine's decode steps (<= 8 queries a row, over float32 pages with keys transposed or int8 pages) hold the
+    kernel; a prefill chunk's many queries, float32 pages in the Pallas kernels' key layout and a program lowered for
+    a TPU keep XLA's."""
+    from jaxlab.engine.model import default_policy
+
+    _needs_kernel()
+    pol = default_policy()
+    rng = np.random.default_rng(0)
+    f = jax.jit(lambda q, pos, layer: layer.attend(q, pos, pol))
+    cases = [(1, "float32", True), (8, "float32", True), (9, "float32", False), (1, "int8", True), (9, "int8", False)]
+    for t, pages, expect in cases + [(1, "sd", False)]:
+        q, pos, layer = _paged_case(rng, 2, t, 2, 3, 10, 4, 16, pool=20, pages="float32" if pages == "sd" else pages)
+        if pages == "sd":
+            layer = PagedLayer(layer.k.transpose(0, 1, 3, 2), layer.v, layer.page_table, key_layout="sd")
+        assert ("jaxlab_paged_attention" in f.lower(q, pos, layer).as_text()) == expect, (t, pages)
+        tpu = f.trace(q, pos, layer).lower(lowering_platforms=("tpu",)).as_text()
+        assert "jaxlab_paged_attention" not in tpu
