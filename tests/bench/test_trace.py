@@ -32,7 +32,7 @@ def test_targets_pass_and_miss_on_hand_made_numbers():
             "throughput_ratio": ratio_,
             "static": {"ttft_s": {"p99": p99_s}},
             "continuous": {"ttft_s": {"p99": p99_c}, "kv_use": None},  # none waited at the offered load
-            "at_once": {"kv_use": kv},
+            "overload": {"kv_use": kv},
         }
 
     steps = [{"batch": 1, "context": 256, "ratio": 1.1}, {"batch": 32, "context": 1024, "ratio": 1.5}]
@@ -77,8 +77,9 @@ def test_quick_trace_run(tmp_path, small):
     # admission by memory: more ran at once than static's batch, decoded in the kept row buckets
     assert trace.QUICK_TRACE["max_batch"] < s["most_running"] <= trace.QUICK_TRACE["max_running"]
     assert s["bucket_calls"] and {int(b) for b in s["bucket_calls"]} <= set(s["row_buckets"])
-    # the same work with every request at once (the quick trace's six may all fit, so none need wait)
-    a = s["at_once"]
+    # the same work offered at twice what the engine served (the quick trace's six may all fit, so none need wait)
+    a = s["overload"]
+    assert a["offered_tokens_per_s"] == pytest.approx(trace.OVERLOAD * s["continuous"]["throughput"])
     assert a["throughput"] > 0 and a["kv_peak"] > 0 and (a["kv_use"] is None or 0 < a["kv_use"] <= a["kv_peak"])
     assert [(r["batch"], r["context"]) for r in res["steps"]] == [(1, 256)]
     assert (
