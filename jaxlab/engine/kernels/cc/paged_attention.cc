@@ -116,41 +116,6 @@ float Weights(float* s, int64_t n) {
   return _mm512_reduce_add_ps(total);
 }
 
-// o[g * Hd ...] = sum over keys [0, n) of w[g * stride + key] * v[key] / total[g], for GQ heads and Hd <= 16 NC
-template <int GQ, int NC>
-void Values(const Problem& pr, const float* w, int64_t stride, const float* total, int64_t b, int64_t h, int64_t n,
-            float* o) {
-  const int64_t ps = pr.ps, Hd = pr.Hd;
-  const __mmask16 tail = Lanes(Hd - (NC - 1) * 16);
-  __m512 acc[GQ][NC];
-#pragma GCC unroll 4
-  for (int g = 0; g < GQ; ++g)
-#pragma GCC unroll 8
-    for (int c = 0; c < NC; ++c) acc[g][c] = _mm512_setzero_ps();
-  for (int64_t j = 0; j * ps < n; ++j) {
-    const float* page = pr.v + (h * pr.N + pr.table[b * pr.P + j]) * ps * Hd;
-    const int64_t here = std::min(ps, n - j * ps);
-    for (int64_t s = 0; s < here; ++s) {
-      __m512 row[NC];
-#pragma GCC unroll 8
-      for (int c = 0; c < NC; ++c) row[c] = _mm512_maskz_loadu_ps(c == NC - 1 ? tail : 0xFFFF, page + s * Hd + c * 16);
-#pragma GCC unroll 4
-      for (int g = 0; g < GQ; ++g) {
-        const __m512 p = _mm512_set1_ps(w[g * stride + j * ps + s]);
-#pragma GCC unroll 8
-        for (int c = 0; c < NC; ++c) acc[g][c] = _mm512_fmadd_ps(p, row[c], acc[g][c]);
-      }
-    }
-  }
-#pragma GCC unroll 4
-  for (int g = 0; g < GQ; ++g) {
-    const __m512 inv = _mm512_set1_ps(1.0f / total[g]);
-#pragma GCC unroll 8
-    for (int c = 0; c < NC; ++c)
-      _mm512_mask_storeu_ps(o + g * Hd + c * 16, c == NC - 1 ? tail : 0xFFFF, _mm512_mul_ps(acc[g][c], inv));
-  }
-}
-
 // out[i] = the sum of v[i]'s 16 lanes, for 16 vectors: three rounds of pairwise shuffles and adds (45 instructions
 // instead of 16 horizontal reductions).
 inline __m512 Sum16(const __m512 (&v)[16]) {
@@ -218,10 +183,11 @@ void Int8Scores(const Problem& pr, const float* q, int64_t b, int64_t h, int64_t
   }
 }
 
-// int8 pages: o = sum over keys of w * v_scale * v8 / total
+// o[g * Hd ...] = sum over keys [0, n) of w[g * stride + key] * v[key] / total[g], for GQ heads and Hd <= 16 NC;
+// int8 pages: v[key] = its bytes times its scale (folded into the weight)
 template <int GQ, int NC>
-void Int8Values(const Problem& pr, const float* w, int64_t stride, const float* total, int64_t b, int64_t h,
-                int64_t n, float* o) {
+void Values(const Problem& pr, const float* w, int64_t stride, const float* total, int64_t b, int64_t h, int64_t n,
+            float* o) {
   const int64_t ps = pr.ps, Hd = pr.Hd;
   const __mmask16 tail = Lanes(Hd - (NC - 1) * 16);
   __m512 acc[GQ][NC];
@@ -233,16 +199,22 @@ void Int8Values(const Problem& pr, const float* w, int64_t stride, const float* 
     const int64_t at = (h * pr.N + pr.table[b * pr.P + j]) * ps;
     const int64_t here = std::min(ps, n - j * ps);
     for (int64_t s = 0; s < here; ++s) {
-      const int8_t* row = pr.v8 + (at + s) * Hd;
-      const float vs = pr.v_scale[at + s];
-      __m512 vf[NC];
+      __m512 row[NC];
+      float scale = 1.0f;
+      if (pr.v8 != nullptr) {
 #pragma GCC unroll 8
-      for (int c = 0; c < NC; ++c) vf[c] = Int8Lanes(row + c * 16, c == NC - 1 ? tail : 0xFFFF);
+        for (int c = 0; c < NC; ++c) row[c] = Int8Lanes(pr.v8 + (at + s) * Hd + c * 16, c == NC - 1 ? tail : 0xFFFF);
+        scale = pr.v_scale[at + s];
+      } else {
+#pragma GCC unroll 8
+        for (int c = 0; c < NC; ++c)
+          row[c] = _mm512_maskz_loadu_ps(c == NC - 1 ? tail : 0xFFFF, pr.v + (at + s) * Hd + c * 16);
+      }
 #pragma GCC unroll 4
       for (int g = 0; g < GQ; ++g) {
-        const __m512 p = _mm512_set1_ps(w[g * stride + j * ps + s] * vs);
+        const __m512 p = _mm512_set1_ps(w[g * stride + j * ps + s] * scale);
 #pragma GCC unroll 8
-        for (int c = 0; c < NC; ++c) acc[g][c] = _mm512_fmadd_ps(p, vf[c], acc[g][c]);
+        for (int c = 0; c < NC; ++c) acc[g][c] = _mm512_fmadd_ps(p, row[c], acc[g][c]);
       }
     }
   }
@@ -256,43 +228,30 @@ void Int8Values(const Problem& pr, const float* w, int64_t stride, const float* 
 }
 
 template <int GQ, int NC>
-void Int8Heads(const Problem& pr, const float* q, int64_t b, int64_t h, int64_t n, float* o, float* s,
-               int64_t stride) {
-  Int8Scores<GQ, NC>(pr, q, b, h, n, s, stride);
+void Heads(const Problem& pr, const float* q, int64_t b, int64_t h, int64_t n, float* o, float* s, int64_t stride) {
+  if (pr.k8 != nullptr)
+    Int8Scores<GQ, NC>(pr, q, b, h, n, s, stride);
+  else
+    Scores<GQ>(pr, q, b, h, n, s, stride);
   float total[GQ];
   for (int g = 0; g < GQ; ++g) total[g] = Weights(s + g * stride, n);
-  Int8Values<GQ, NC>(pr, s, stride, total, b, h, n, o);
+  Values<GQ, NC>(pr, s, stride, total, b, h, n, o);
 }
 
+// GQ query heads of kv head h against keys [0, n) of row b -> o
 template <int GQ>
 void Heads(const Problem& pr, const float* q, int64_t b, int64_t h, int64_t n, float* o, std::vector<float>& s) {
   const int64_t stride = (n + 15) / 16 * 16;
   s.resize(GQ * stride);
-  if (pr.k8 != nullptr) {
-    switch ((pr.Hd + 15) / 16) {
-      case 1: Int8Heads<GQ, 1>(pr, q, b, h, n, o, s.data(), stride); break;
-      case 2: Int8Heads<GQ, 2>(pr, q, b, h, n, o, s.data(), stride); break;
-      case 3: Int8Heads<GQ, 3>(pr, q, b, h, n, o, s.data(), stride); break;
-      case 4: Int8Heads<GQ, 4>(pr, q, b, h, n, o, s.data(), stride); break;
-      case 5: Int8Heads<GQ, 5>(pr, q, b, h, n, o, s.data(), stride); break;
-      case 6: Int8Heads<GQ, 6>(pr, q, b, h, n, o, s.data(), stride); break;
-      case 7: Int8Heads<GQ, 7>(pr, q, b, h, n, o, s.data(), stride); break;
-      default: Int8Heads<GQ, 8>(pr, q, b, h, n, o, s.data(), stride); break;
-    }
-    return;
-  }
-  Scores<GQ>(pr, q, b, h, n, s.data(), stride);
-  float total[GQ];
-  for (int g = 0; g < GQ; ++g) total[g] = Weights(s.data() + g * stride, n);
-  switch ((pr.Hd + 15) / 16) {
-    case 1: Values<GQ, 1>(pr, s.data(), stride, total, b, h, n, o); break;
-    case 2: Values<GQ, 2>(pr, s.data(), stride, total, b, h, n, o); break;
-    case 3: Values<GQ, 3>(pr, s.data(), stride, total, b, h, n, o); break;
-    case 4: Values<GQ, 4>(pr, s.data(), stride, total, b, h, n, o); break;
-    case 5: Values<GQ, 5>(pr, s.data(), stride, total, b, h, n, o); break;
-    case 6: Values<GQ, 6>(pr, s.data(), stride, total, b, h, n, o); break;
-    case 7: Values<GQ, 7>(pr, s.data(), stride, total, b, h, n, o); break;
-    default: Values<GQ, 8>(pr, s.data(), stride, total, b, h, n, o); break;
+  switch ((pr.Hd + 15) / 16) {  // the head's 16-lane accumulators
+    case 1: Heads<GQ, 1>(pr, q, b, h, n, o, s.data(), stride); break;
+    case 2: Heads<GQ, 2>(pr, q, b, h, n, o, s.data(), stride); break;
+    case 3: Heads<GQ, 3>(pr, q, b, h, n, o, s.data(), stride); break;
+    case 4: Heads<GQ, 4>(pr, q, b, h, n, o, s.data(), stride); break;
+    case 5: Heads<GQ, 5>(pr, q, b, h, n, o, s.data(), stride); break;
+    case 6: Heads<GQ, 6>(pr, q, b, h, n, o, s.data(), stride); break;
+    case 7: Heads<GQ, 7>(pr, q, b, h, n, o, s.data(), stride); break;
+    default: Heads<GQ, 8>(pr, q, b, h, n, o, s.data(), stride); break;
   }
 }
 
