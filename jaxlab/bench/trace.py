@@ -233,11 +233,13 @@ def serve_trace(params, tokenizer, trace: list[dict], shape: dict, log: Callable
     probe = run_static(static, slice_, max_batch, cache_tokens)
     offered = load * probe["throughput"]
     total = sum(r["new_tokens"] for r in requests)
+
+    def scale(rate: float) -> float:  # the trace's gaps -> seconds, so that its tokens are offered at ``rate`` tok/s
+        return total / rate / max(requests[-1]["gap"], 1e-9)
+
     span = total / offered  # seconds over which the trace's tokens are offered
-    last = max(requests[-1]["gap"], 1e-9)
-    scale = span / last
     for r in requests:
-        r["arrival"] = r["gap"] * scale
+        r["arrival"] = r["gap"] * scale(offered)
     log(f"trace: {len(requests)} requests over {span:.0f} s (offered {offered:.1f} tok/s = {load}x static)")
 
     log("trace: static batching")
@@ -253,7 +255,7 @@ def serve_trace(params, tokenizer, trace: list[dict], shape: dict, log: Callable
     over = OVERLOAD * ct["throughput"]
     log(f"trace: continuous batching, the same work offered at {over:.1f} tok/s ({OVERLOAD:g}x what it served)")
     more = [
-        dict(r, ids=prompt_tokens(tokenizer, len(r["ids"]), 97 * i + 31), arrival=r["gap"] * total / over / last)
+        dict(r, ids=prompt_tokens(tokenizer, len(r["ids"]), 97 * i + 31), arrival=r["gap"] * scale(over))
         for i, r in enumerate(requests)
     ]
     overload = run_continuous(engine, more)

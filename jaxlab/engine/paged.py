@@ -32,6 +32,7 @@ The host side (which pages are free, which row holds which, prefix reuse) is :mo
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -130,8 +131,9 @@ class PagedLayer:
         ``policy``: the model's :class:`~jaxlab.engine.model.Policy` (its matmul and its attention switch)."""
         if policy.attention == "pallas":
             return pallas_paged(q, self, positions, policy)
-        if uses_cpu_kernel(q, self, policy):
-            return jax.lax.platform_dependent(q, positions, self, cpu=cpu_paged, default=xla_read_pages(policy.matmul))
+        if uses_cpu_kernel(q, self, policy):  # other platforms' programs keep XLA's read
+            xla = functools.partial(read_pages, matmul=policy.matmul)
+            return jax.lax.platform_dependent(q, self, positions, cpu=cpu_paged, default=xla)
         return read_pages(q, self, positions, policy.matmul)
 
 
@@ -303,18 +305,13 @@ def uses_cpu_kernel(q: jax.Array, layer: PagedLayer, policy) -> bool:
     return pages and cpu_kernels.uses_paged_attention(t, hd)
 
 
-def cpu_paged(q: jax.Array, positions: jax.Array, layer: PagedLayer) -> jax.Array:
+def cpu_paged(q: jax.Array, layer: PagedLayer, positions: jax.Array) -> jax.Array:
     """Attention through the page table by jaxlab's CPU kernel: q [B, T, KVH, G, Hd] at ``positions`` [B, T] ->
     [B, T, KVH*G*Hd] float32, each page read where it lies instead of gathered (benchmarks/NOTES.md 27); what
     :func:`read_pages` computes, within float32 rounding (int8 pages: of their dequantized vectors)."""
     b, t = positions.shape
     scales = (layer.k_scale, layer.v_scale) if layer.k_scale is not None else ()
     return cpu_kernels.paged_attention(q, positions, layer.k, layer.v, layer.page_table, *scales).reshape(b, t, -1)
-
-
-def xla_read_pages(matmul: Matmul):
-    """:func:`read_pages` with ``matmul``, as a function of (q, positions, layer): the other platforms' branch."""
-    return lambda q, positions, layer: read_pages(q, layer, positions, matmul)
 
 
 def pallas_paged(q: jax.Array, layer: PagedLayer, positions: jax.Array, policy) -> jax.Array:

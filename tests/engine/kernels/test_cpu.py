@@ -19,6 +19,7 @@ import pytest
 
 from jaxlab.engine.kernels import cpu as cpu_kernel
 from jaxlab.engine.kvcache import quantize_kv
+from jaxlab.engine.model import default_policy
 from jaxlab.engine.paged import PagedLayer, read_pages
 from jaxlab.quant.formats import quantize_matrix
 
@@ -135,8 +136,7 @@ def _paged_case(rng, b, t, kvh, g, hd, ps, width, pool, pages="float32"):
 
 
 def _xla_attention(q, pos, layer):
-    mm = lambda spec, a, b: jnp.einsum(spec, a, b, precision="highest", preferred_element_type=jnp.float32)  # noqa: E731
-    return read_pages(q, layer, pos, mm)
+    return read_pages(q, layer, pos, default_policy().matmul)  # the model's float32 matmul
 
 
 def _dequantized(layer):
@@ -199,8 +199,6 @@ def test_cpu_programs_read_pages_on_the_kernel_for_few_queries_only():
     """The engine's decode steps (<= 8 queries a row, over float32 pages with keys transposed or int8 pages) hold the
     kernel; a prefill chunk's many queries, float32 pages in the Pallas kernels' key layout and a program lowered for
     a TPU keep XLA's."""
-    from jaxlab.engine.model import default_policy
-
     _needs_kernel()
     pol = default_policy()
     rng = np.random.default_rng(0)
