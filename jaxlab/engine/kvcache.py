@@ -44,6 +44,7 @@ and gets :func:`write_slots`.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
@@ -51,6 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxlab.engine.kernels import cpu as cpu_kernels
 from jaxlab.engine.kernels import flash_attention
 from jaxlab.engine.kernels.common import MASK_VALUE, SOFTMAX, rows_alike
 from jaxlab.errors import ConfigError
@@ -166,27 +168,63 @@ class KVLayer:
     def attend(self, q: jax.Array, positions: jax.Array, policy) -> jax.Array:
         """Attention of q [B, T, KVH, G, Hd] at ``positions`` [B, T] over the layer's slots -> [B, T, KVH*G*Hd]
         float32: a query at position p sees the slots holding positions 0..p. ``policy`` is the model's
-        :class:`~jaxlab.engine.model.Policy`: its matmul, and its attention switch ("xla" or "pallas")."""
-        b, t, kvh, g, hd = q.shape
-        bk, s = b * kvh, self.pos.shape[1]
-        q = q.transpose(0, 2, 3, 1, 4).reshape(bk, g * t, hd)  # [B*KVH, G*T, Hd]: a group's G heads read one K/V head
-        ka, va = slot_axes(self.key_layout)
+        :class:`~jaxlab.engine.model.Policy`: its matmul, and its attention switch ("xla" or "pallas"): XLA's
+        :func:`read_slots`, the flash kernel (:func:`pallas_contiguous`), or on a CPU jaxlab's own kernel
+        (:func:`cpu_contiguous`, where :func:`uses_cpu_kernel` says so)."""
         if policy.attention == "pallas":
+            b, t, kvh, g, hd = q.shape
+            q = q.transpose(0, 2, 3, 1, 4).reshape(b * kvh, g * t, hd)  # [B*KVH, G*T, Hd]
             out = pallas_contiguous(q, self, positions, policy)
-        else:
-            if self.k_scale is not None:  # int8: the key scales multiply the scores
-                scores = int8_bmm(q, self.k, 3 - ka) * self.k_scale[:, None, :]
-            else:
-                scores = policy.matmul("nqd,nsd->nqs" if ka == 1 else "nqd,nds->nqs", q, self.k)
-            scores = scores.astype(policy.acc_dtype).reshape(b, kvh, g, t, s) * (hd**-0.5)
-            visible = (self.pos[:, None, :] >= 0) & (self.pos[:, None, :] <= positions[:, :, None])  # [B, T, S]
-            scores = jnp.where(visible[:, None, None], scores, MASK_VALUE)
-            probs = rows_alike(SOFTMAX, scores).reshape(bk, g * t, s)
-            if self.v_scale is not None:  # fold each value vector's scale into its attention weight
-                out = int8_bmm(probs * self.v_scale[:, None, :], self.v, va)  # [B*KVH, G*T, Hd]
-            else:
-                out = policy.matmul("nqs,nds->nqd" if va == 2 else "nqs,nsd->nqd", probs, self.v)
-        return out.reshape(b, kvh, g, t, hd).transpose(0, 3, 1, 2, 4).reshape(b, t, kvh * g * hd)
+            return out.reshape(b, kvh, g, t, hd).transpose(0, 3, 1, 2, 4).reshape(b, t, kvh * g * hd)
+        if uses_cpu_kernel(q, self, policy):  # other platforms' programs, vmap and grad keep XLA's read
+            xla = functools.partial(xla_contiguous, policy=policy)
+            return cpu_kernels.on_cpu(cpu_contiguous, xla)(q, positions, self.k, self.v, self.pos, self.index)
+        return read_slots(q, positions, self, policy)
+
+
+def read_slots(q: jax.Array, positions: jax.Array, layer: KVLayer, policy) -> jax.Array:
+    """XLA's attention over a contiguous layer, every slot read and masked by its position: q [B, T, KVH, G, Hd] at
+    ``positions`` [B, T] -> [B, T, KVH*G*Hd] float32 (the policy's sums: float64 under "float64")."""
+    b, t, kvh, g, hd = q.shape
+    bk, s = b * kvh, layer.pos.shape[1]
+    q = q.transpose(0, 2, 3, 1, 4).reshape(bk, g * t, hd)  # [B*KVH, G*T, Hd]: a group's G heads read one K/V head
+    ka, va = slot_axes(layer.key_layout)
+    if layer.k_scale is not None:  # int8: the key scales multiply the scores
+        scores = int8_bmm(q, layer.k, 3 - ka) * layer.k_scale[:, None, :]
+    else:
+        scores = policy.matmul("nqd,nsd->nqs" if ka == 1 else "nqd,nds->nqs", q, layer.k)
+    scores = scores.astype(policy.acc_dtype).reshape(b, kvh, g, t, s) * (hd**-0.5)
+    visible = (layer.pos[:, None, :] >= 0) & (layer.pos[:, None, :] <= positions[:, :, None])  # [B, T, S]
+    scores = jnp.where(visible[:, None, None], scores, MASK_VALUE)
+    probs = rows_alike(SOFTMAX, scores).reshape(bk, g * t, s)
+    if layer.v_scale is not None:  # fold each value vector's scale into its attention weight
+        out = int8_bmm(probs * layer.v_scale[:, None, :], layer.v, va)  # [B*KVH, G*T, Hd]
+    else:
+        out = policy.matmul("nqs,nds->nqd" if va == 2 else "nqs,nsd->nqd", probs, layer.v)
+    return out.reshape(b, kvh, g, t, hd).transpose(0, 3, 1, 2, 4).reshape(b, t, kvh * g * hd)
+
+
+def uses_cpu_kernel(q: jax.Array, layer: KVLayer, policy) -> bool:
+    """Whether attention over ``layer`` runs on jaxlab's CPU kernel (:mod:`jaxlab.engine.kernels.cpu`) when the
+    program is lowered for a CPU: a few float32 queries a row over the float32 layout XLA:CPU gets from
+    :func:`key_layout_for` ("ds"), the kernel built and not turned off."""
+    t, hd = q.shape[1], q.shape[-1]
+    if policy.dtype != "float32" or q.dtype != jnp.float32 or layer.k_scale is not None or layer.key_layout != "ds":
+        return False
+    return layer.k.dtype == jnp.float32 and cpu_kernels.uses_paged_attention(t, hd)
+
+
+def cpu_contiguous(q, positions, k, v, slot_pos, index) -> jax.Array:
+    """The contiguous float32 "ds" layer's attention by jaxlab's CPU kernel: q [B, T, KVH, G, Hd] at ``positions``
+    [B, T] -> [B, T, KVH*G*Hd] float32, reading the written slots only (benchmarks/NOTES.md 28); what
+    :meth:`KVLayer.attend` computes with XLA, within float32 rounding."""
+    b, t = positions.shape
+    return cpu_kernels.contiguous_attention(q, positions, k, v, slot_pos, index).reshape(b, t, -1)
+
+
+def xla_contiguous(q, positions, k, v, slot_pos, index, policy) -> jax.Array:
+    """:func:`cpu_contiguous`'s arguments, XLA's attention (:func:`read_slots`)."""
+    return read_slots(q, positions, KVLayer(k, v, slot_pos, index, key_layout="ds"), policy)
 
 
 def _heads_first(x: jax.Array, slot_axis: int) -> jax.Array:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import warnings
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxlab.engine.kernels import cpu as cpu_kernels
 from jaxlab.engine.kernels.common import compute_capability, gpu_too_old, rows_alike
 from jaxlab.engine.kvcache import KVCache, KVLayer
 from jaxlab.engine.paged import PagedKVCache
@@ -210,9 +212,15 @@ def dense(x: Array, kernel: Array | Any, policy: Policy) -> Array:
     The one hook of the model's linear layers: a kernel that is not an array is an object with
     ``dot(x, policy)``, which the layer calls instead of the matmul: a quantized matrix
     (:class:`jaxlab.quant.QuantizedMatrix`), or a frozen kernel with a low-rank adapter beside it
-    (:class:`jaxlab.train.lora.LoraKernel`)."""
+    (:class:`jaxlab.train.lora.LoraKernel`). A float32 decode step's few rows lowered for a CPU run on jaxlab's own
+    kernel (:func:`jaxlab.engine.kernels.cpu.f32_matmul`: each row's sums in one order whatever the row count)."""
     if not isinstance(kernel, jax.Array):
         return kernel.dot(x, policy).astype(policy.acc_dtype)
+    rows = math.prod(x.shape[:-1]) if all(isinstance(d, int) for d in x.shape) else None  # None: symbolic (export)
+    if policy.dtype == "float32" and x.dtype == kernel.dtype == jnp.float32 and cpu_kernels.uses_f32_matmul(rows):
+        xla = functools.partial(matmul, "ri,io->ro", policy=policy)
+        y = cpu_kernels.on_cpu(cpu_kernels.f32_matmul, xla)(x.reshape(rows, x.shape[-1]), kernel)
+        return y.reshape(*x.shape[:-1], kernel.shape[-1])
     return matmul("...i,io->...o", x, kernel, policy)
 
 

@@ -24,13 +24,17 @@ from typing import Any, Callable
 
 import jax
 
+from jaxlab.engine.kernels import cpu as cpu_kernels
+
 
 def signature(name: str, args: tuple, static: dict | None = None, options: dict | None = None) -> tuple:
-    """What makes two calls need the same compiled program (``options``: XLA compiler options)."""
+    """What makes two calls need the same compiled program (``options``: XLA compiler options; whether jaxlab's CPU
+    kernels may be in it: :func:`~jaxlab.engine.kernels.cpu.xla_only`)."""
     leaves, treedef = jax.tree.flatten(args)
     # the dtype objects themselves (hashable, and compared far faster than their names: a step's call pays this)
     shapes = tuple((getattr(a, "shape", ()), getattr(a, "dtype", None), type(a)) for a in leaves)
-    return (name, treedef, shapes, tuple(sorted((static or {}).items())), tuple(sorted((options or {}).items())))
+    static_items, option_items = tuple(sorted((static or {}).items())), tuple(sorted((options or {}).items()))
+    return (name, treedef, shapes, static_items, option_items, cpu_kernels.XLA_ONLY.value)
 
 
 class Programs:

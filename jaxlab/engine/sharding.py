@@ -49,6 +49,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxlab.engine.generate import GenerationResult, Placement, host_loop, start_request
+from jaxlab.engine.kernels.cpu import xla_program
 from jaxlab.engine.kvcache import KVCache, init_cache
 from jaxlab.engine.mesh import (
     ROW_AXES,
@@ -192,19 +193,19 @@ class Sharded(Placement):
         cache, tok, row = self._cache_sh, self.sharding(TOKEN_AXES), self.sharding(ROW_AXES)
         ps = self.param_shardings
         self._prefill = jax.jit(
-            per_row(greedy_prefill),
+            xla_program(per_row(greedy_prefill)),
             in_shardings=(ps, tok, tok, cache),
             out_shardings=(row, row, cache),
             donate_argnums=(3,),
         )
         self._decode = jax.jit(
-            per_row(greedy_step),
+            xla_program(per_row(greedy_step)),
             in_shardings=(ps, row, row, cache),
             out_shardings=(row, row, cache),
             donate_argnums=(3,),
         )
         self._logits = jax.jit(
-            lambda params, tokens, positions: forward(params, tokens, positions)[0],
+            xla_program(lambda params, tokens, positions: forward(params, tokens, positions)[0]),
             in_shardings=(ps, tok, tok),
             out_shardings=self.sharding(("batch",)),
         )
@@ -235,23 +236,25 @@ class Sharded(Placement):
         tok, row = self.spec(TOKEN_AXES), self.spec(ROW_AXES)
         sm = partial(jax.shard_map, mesh=self.mesh)
         self._prefill = jax.jit(
-            sm(local(greedy_prefill), in_specs=(pspecs, tok, tok, cspecs), out_specs=(row, row, cspecs)),
+            sm(xla_program(local(greedy_prefill)), in_specs=(pspecs, tok, tok, cspecs), out_specs=(row, row, cspecs)),
             donate_argnums=(3,),
         )
         self._decode = jax.jit(
-            sm(local(greedy_step), in_specs=(pspecs, row, row, cspecs), out_specs=(row, row, cspecs)),
+            sm(xla_program(local(greedy_step)), in_specs=(pspecs, row, row, cspecs), out_specs=(row, row, cspecs)),
             donate_argnums=(3,),
         )
-        self._logits = jax.jit(sm(logits, in_specs=(pspecs, tok, tok), out_specs=self.spec(("batch",))))
+        self._logits = jax.jit(sm(xla_program(logits), in_specs=(pspecs, tok, tok), out_specs=self.spec(("batch",))))
 
     # -- pmap ----------------------------------------------------------------------------------
 
     def _build_pmap(self):
         # params: in_axes=None broadcasts them to every device (each device holds a full copy, placed once)
         pm = partial(jax.pmap, axis_name="data", devices=self.devices)
-        self._prefill = pm(greedy_prefill, in_axes=(None, 0, 0, 0), donate_argnums=(3,))
-        self._decode = pm(greedy_step, in_axes=(None, 0, 0, 0), donate_argnums=(3,))
-        self._logits = pm(lambda params, tokens, positions: forward(params, tokens, positions)[0], in_axes=(None, 0, 0))
+        self._prefill = pm(xla_program(greedy_prefill), in_axes=(None, 0, 0, 0), donate_argnums=(3,))
+        self._decode = pm(xla_program(greedy_step), in_axes=(None, 0, 0, 0), donate_argnums=(3,))
+        self._logits = pm(
+            xla_program(lambda params, tokens, positions: forward(params, tokens, positions)[0]), in_axes=(None, 0, 0)
+        )
 
     # -- running -------------------------------------------------------------------------------
 

@@ -11,6 +11,8 @@ Notebook 06 batches and samples:
 * :func:`single_sequence_step` handles one sequence (no batch axis); :func:`vmap_step` is ``jax.vmap``
   of it, :func:`batched_step` the natively batched model (the engine's greedy step). :func:`step_generate`
   runs either over a ragged, left-padded batch (:func:`left_pad`: padding at position -1) one token per call.
+  Both are XLA's programs, without jaxlab's CPU kernels (:func:`~jaxlab.engine.kernels.cpu.xla_program`): under
+  vmap a kernel's call is XLA's, so the natively batched step must be XLA's too for the two to be compared.
 * :func:`throughput_vs_batch` times a decode step at several batch sizes, :func:`decode_step_cost`
   counts its FLOPs and bytes, and :func:`add_roofline` puts each row against the machine's roofline.
 * :func:`filtered_probabilities` and :func:`sample_frequencies` show what each sampling filter leaves
@@ -40,6 +42,7 @@ from jaxlab.bench.stages import (  # noqa: F401 - the ladder, read by notebook 0
     pad_to_bucket,
     padded_generate,
 )
+from jaxlab.engine.kernels import cpu as cpu_kernels
 from jaxlab.engine.kvcache import KVCache, cache_bytes, init_cache, left_pad
 from jaxlab.engine.model import Params
 from jaxlab.engine.sampling import SamplingParams, filter_logits, sample
@@ -157,7 +160,12 @@ def batched_step(params: Params, tokens, pos, cache: KVCache):
     return greedy_step(params, tokens, pos, cache)
 
 
-_STEPS = {"batched": jax.jit(batched_step, donate_argnums=(3,)), "vmap": jax.jit(vmap_step, donate_argnums=(3,))}
+# XLA's code in both (cpu_kernels.xla_program): a kernel takes whole arrays, so under vmap the one-sequence step keeps
+# XLA's matmuls, and the batched step must too for the two to be compared
+_STEPS = {
+    name: jax.jit(cpu_kernels.xla_program(step), donate_argnums=(3,))
+    for name, step in (("batched", batched_step), ("vmap", vmap_step))
+}
 
 
 @dataclass
@@ -212,7 +220,8 @@ def step_generate(
 
 def step_cost(params: Params, batch: int, step: str = "batched", cache_len: int = 64) -> dict:
     """XLA's cost model of the compiled one-token ``step`` ("batched" or "vmap") at this batch size:
-    ``{"flops", "bytes accessed"}``. Reuses the program :func:`step_generate` compiled, if any."""
+    ``{"flops", "bytes accessed"}`` (both XLA's programs, without jaxlab's CPU kernels, whose calls the cost model
+    cannot see into). Reuses the program :func:`step_generate` compiled, if any."""
     cfg = params.config
     args = (
         params,

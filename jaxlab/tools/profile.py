@@ -61,6 +61,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxlab.engine.kernels import cpu as cpu_kernels
+
 __all__ = [
     "Timing",
     "Timer",
@@ -406,9 +408,11 @@ def cost_analysis(jitted_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> d
     Returns ``flops``, ``bytes_accessed``, ``transcendentals``, ``optimal_seconds`` (None where the
     backend does not report them), ``argument_bytes`` / ``output_bytes`` / ``temp_bytes`` from
     ``memory_analysis()`` where available, and ``raw``: the backend's full dictionary. Args may be
-    arrays or ``jax.ShapeDtypeStruct``. A plain function is wrapped in ``jax.jit``.
+    arrays or ``jax.ShapeDtypeStruct``. A plain function is wrapped in ``jax.jit``. The program analysed is XLA's
+    own (:func:`~jaxlab.engine.kernels.cpu.xla_only`): the cost model cannot see into jaxlab's CPU kernels.
     """
-    compiled = _as_jitted(jitted_fn).lower(*args, **kwargs).compile()
+    with cpu_kernels.xla_only():
+        compiled = _as_jitted(jitted_fn).lower(*args, **kwargs).compile()
     try:
         raw = _cost_dict(compiled.cost_analysis())
     except Exception:  # some backends raise instead of returning None

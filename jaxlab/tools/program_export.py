@@ -60,6 +60,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxlab.engine.kernels import cpu as cpu_kernels
 from jaxlab.engine.kvcache import KVCache, init_cache, left_pad
 from jaxlab.engine.model import Params
 from jaxlab.engine.steps import greedy_step
@@ -138,7 +139,8 @@ def export_decode_step(
         sds((b, cache_len), jnp.int32),
         sds((), jnp.int32),
     )
-    return jax.export.export(jax.jit(_flat_step(jax.tree.structure(params))), platforms=platforms)(*args)
+    with cpu_kernels.xla_only():  # a file to run anywhere: XLA's code, not a custom call of this host's library
+        return jax.export.export(jax.jit(_flat_step(jax.tree.structure(params))), platforms=platforms)(*args)
 
 
 def run_exported(exported: jax.export.Exported, params: Params, tokens, positions, cache: KVCache):

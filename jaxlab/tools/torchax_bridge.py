@@ -346,9 +346,12 @@ def hlo_summary(tx: TorchaxModel, params, cache_len: int = 256) -> dict:
     (``tx.step``, ids [1, 1]) and jaxlab's (:data:`~jaxlab.engine.steps.jit_decode`, greedy, with ``params`` of
     the same model). -> {"torchax": ..., "jaxlab": ...}, each {"ops", "functions", "chars", "lines", "top_ops"
     (:func:`stablehlo_size`), "cache": :func:`describe_leaves` of its cache argument, "donated": whether the
-    cache's buffers are donated (updated in place)}. Lowering traces; it compiles nothing."""
+    cache's buffers are donated (updated in place)}. Both are XLA's programs: jaxlab's is lowered without its CPU
+    kernels (:func:`~jaxlab.engine.kernels.cpu.xla_only`), whose calls would stand for its matmuls and attention.
+    Lowering traces; it compiles nothing."""
     import jax.numpy as jnp
 
+    from jaxlab.engine.kernels import cpu as cpu_kernels
     from jaxlab.engine.kvcache import init_cache as jaxlab_cache
     from jaxlab.engine.steps import GREEDY, jit_decode
 
@@ -359,7 +362,8 @@ def hlo_summary(tx: TorchaxModel, params, cache_len: int = 256) -> dict:
 
     native = jaxlab_cache(params.config, 1, cache_len, params.policy.jnp_dtype)
     one = jnp.zeros((1,), jnp.int32)
-    lowered = jit_decode.lower(params, one, one, native, None, GREEDY)
+    with cpu_kernels.xla_only():
+        lowered = jit_decode.lower(params, one, one, native, None, GREEDY)
     out["jaxlab"] = _program(lowered, native, lowered.args_info[0][3])
     return out
 

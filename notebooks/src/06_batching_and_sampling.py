@@ -44,6 +44,7 @@ import matplotlib.pyplot as plt
 import jaxlab
 from jaxlab.lab import stages
 from jaxlab import SamplingParams
+from jaxlab.engine.kernels import cpu as cpu_kernels
 from jaxlab.engine.kvcache import KVCache, init_cache
 from jaxlab.tools.reference import agreement_rtol
 from jaxlab.tools.profile import CompileCounter, Roofline
@@ -103,8 +104,9 @@ one = init_cache(m.config, 1, 16, m.params.policy.jnp_dtype)  # a batch-1 cache,
 stack = lambda a: jnp.stack([a] * len(prompts))  # noqa: E731
 row_caches = KVCache(tuple(map(stack, one.k)), tuple(map(stack, one.v)), stack(one.pos), one.index)
 last_tok, last_pos = jnp.asarray(tokens[:, -1]), jnp.asarray(positions[:, -1])
-batched_jaxpr = jax.make_jaxpr(vmapped_step)(m.params, last_tok, last_pos, row_caches)
-single_jaxpr = jax.make_jaxpr(stages.single_sequence_step)(m.params, last_tok[0], last_pos[0], one)
+with cpu_kernels.xla_only():  # XLA's own program: where a CPU has AVX-512, jaxlab's kernels run a step's few rows
+    batched_jaxpr = jax.make_jaxpr(vmapped_step)(m.params, last_tok, last_pos, row_caches)
+    single_jaxpr = jax.make_jaxpr(stages.single_sequence_step)(m.params, last_tok[0], last_pos[0], one)
 ops_v, ops_1 = count_primitives(batched_jaxpr), count_primitives(single_jaxpr)
 print("vmapped step: logits", batched_jaxpr.out_avals[0].shape, "|", ops_v["dot_general"], "matmuls,",
       sum(ops_v.values()), "operations")

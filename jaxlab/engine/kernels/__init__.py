@@ -10,9 +10,10 @@ pallas``), and jaxlab's own CPU kernels behind XLA:CPU's few-row steps.
   reading only its own pages (scalar-prefetched page table on TPU, a loop over pages on GPU);
 * :mod:`~jaxlab.engine.kernels.deltanet` — Gated DeltaNet (Qwen3.5's linear attention) in chunks, the state
   carried across the chunk axis in VMEM;
-* :mod:`~jaxlab.engine.kernels.cpu` — C++ through the XLA FFI (sources in ``cc/``, built on first use): the int8
-  product of a decode step's few rows and attention through the page table for a few queries a row, used where a
-  program is lowered for a CPU that has AVX-512 VNNI (``jax.lax.platform_dependent``), XLA's code everywhere else.
+* :mod:`~jaxlab.engine.kernels.cpu` — C++ through the XLA FFI (sources in ``cc/``, built on first use): the int8 and
+  float32 products of a decode step's few rows, and attention for a few queries a row through the page table or over
+  the contiguous cache's float32 slots, used where a program is lowered for a CPU that has AVX-512 VNNI
+  (``jax.lax.platform_dependent``), XLA's code everywhere else, and under ``jax.vmap`` and differentiation.
 
 Each kernel equals its XLA reference, the model's attention or the engine's delta rule (tests/engine/kernels). On a
 CPU the Pallas kernels run in interpret mode: correct, and slow (each grid point is one step of a loop; nothing is

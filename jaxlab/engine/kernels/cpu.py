@@ -5,10 +5,15 @@ step's few rows is far from what the CPU can do.
   decode step's 1-2 rows, split into hi and lo): AVX-512 VNNI, the weight rows split over the CPU's cores. At one
   or two rows XLA:CPU's int8 GEMM (YNNPACK) reads the weights at under half of what two cores can stream
   (``benchmarks/NOTES.md`` 15, 26). Integer sums are exact, so it gives **the same bits** as XLA's dot.
+* ``cc/f32_matmul.cc`` — the float32 product ``[R, K] x [K, N]`` of a decode step's rows (a linear layer): each
+  output one multiply-add chain over k whatever the row count (so a row is the same bits alone and among others; one
+  row is XLA's matrix-vector product's bits), register tiles, the columns split over the cores. XLA:CPU's 32-row
+  product uses about one core (NOTES 19); this one both, and streams a one-row product's weights faster (NOTES 28).
 * ``cc/paged_attention.cc`` — attention through the page table for a few queries a row (decode steps): float32
   pages with each page's keys transposed (key layout "ds"), or int8 pages with their scales (key layout "sd"). Each
   page is read where it lies, where XLA:CPU first gathers every row's pages into a copy that it writes at under half
-  the copy bandwidth (NOTES 22, 27). Float sums in another order: float32 pages within float32 rounding of XLA's
+  the copy bandwidth (NOTES 22, 27). The same code reads the contiguous cache's float32 slots ("ds"), 16 at a time,
+  only as far as they are written and masked by their positions, where XLA's reads all of them (NOTES 28). Float sums in another order: float32 pages within float32 rounding of XLA's
   attention (~3e-7); int8 pages within float32 rounding of the attention of their dequantized vectors, closer to it
   than XLA's int8 path, which rounds the queries and weights to ~15 bits first (~5e-5). Each row's result is the same
   bits alone or among others.
@@ -24,6 +29,7 @@ with ``JAXLAB_CPU_KERNEL=0``, XLA's code runs, and :func:`status` says why (``ja
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -38,21 +44,27 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import jaxlib
+from jax.custom_batching import custom_vmap
 
 from jaxlab.io.assets import cache_dir
 
-SOURCES = tuple(Path(__file__).with_name("cc") / n for n in ("int8_matmul.cc", "paged_attention.cc"))
+SOURCES = tuple(Path(__file__).with_name("cc") / n for n in ("int8_matmul.cc", "f32_matmul.cc", "paged_attention.cc"))
 HEADERS = (Path(__file__).with_name("cc") / "threads.h",)
 #: FFI target name -> the handler's symbol in the library
 TARGETS = {
     "jaxlab_int8_matmul": "JaxlabInt8Matmul",
+    "jaxlab_f32_matmul": "JaxlabF32Matmul",
     "jaxlab_paged_attention": "JaxlabPagedAttention",
     "jaxlab_paged_attention_int8": "JaxlabPagedAttentionInt8",
+    "jaxlab_contiguous_attention": "JaxlabContiguousAttention",
 }
 #: The int8 product runs on the kernel for at most this many int8 rows (a decode step's 1-2 rows, split into hi and
 #: lo); XLA's GEMM is faster from 8 (NOTES 26: the int8 ``Generator`` at 1 / 2 / 4 rows 18.8 -> 12.3, 20.9 -> 17.7
 #: and 23.1 -> 26.9 ms a token).
 MAX_ROWS = 4
+#: The float32 product runs on the kernel for at most this many rows (decode steps; NOTES 28: a 30-layer chain of the
+#: model's matrices at 1 / 32 rows, XLA 25.8 / 69.6 ms, the kernel 23.0 / 58.2); a prefill's many rows keep XLA's GEMM.
+MAX_F32_ROWS = 64
 #: Paged attention runs on the kernel for at most this many queries a row (a decode step's one, a speculative
 #: step's few); a prefill chunk's many queries share each page better in XLA's batched matmuls.
 MAX_QUERIES = 8
@@ -62,6 +74,18 @@ FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-mavx512f", "-mavx512bw", "-m
 #: what the kernels' instructions need, as /proc/cpuinfo names them
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
 ENV = "JAXLAB_CPU_KERNEL"
+#: True inside :func:`xla_only`; part of jit's cache key (``jax.make_user_context``), so a function traced inside and
+#: outside gets two programs
+XLA_ONLY = jax.make_user_context(default_value=False)
+
+
+@contextlib.contextmanager
+def xla_only():
+    """Programs traced inside hold XLA's code, not the kernels: what XLA's cost analysis reads (a custom call's
+    FLOPs and bytes are invisible to it), a program's operations as XLA alone would compile them, and what
+    ``jax.export`` writes (a serialized program must run where this library is not)."""
+    with XLA_ONLY(True):
+        yield
 
 
 @dataclass(frozen=True)
@@ -111,7 +135,7 @@ def build(compiler: str, out: Path) -> None:
 @functools.cache
 def status() -> KernelStatus:
     """Find, build if needed, load and register the kernels, once per process."""
-    fallback = "XLA's int8 dot and paged attention run"
+    fallback = "XLA's dots and attention run"
     if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
         return KernelStatus(False, f"turned off ({ENV}=0): {fallback}")
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
@@ -137,7 +161,8 @@ def status() -> KernelStatus:
         jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(handler), platform="cpu")
     return KernelStatus(
         True,
-        f"in use for int8 products of <= {MAX_ROWS} rows and paged attention of <= {MAX_QUERIES} queries a row",
+        f"in use for int8 products of <= {MAX_ROWS} rows, float32 products of <= {MAX_F32_ROWS} rows and attention (paged, or a float32 contiguous cache) of "
+        f"<= {MAX_QUERIES} queries a row",
         str(path),
     )
 
@@ -147,9 +172,38 @@ def int8_matmul(xq: jax.Array, q: jax.Array) -> jax.Array:
     return jax.ffi.ffi_call("jaxlab_int8_matmul", jax.ShapeDtypeStruct((xq.shape[0], q.shape[0]), jnp.int32))(xq, q)
 
 
+def f32_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+    """``[R, K] float32 x [K, N] float32 -> [R, N] float32`` by the kernel (CPU only; call :func:`status` first)."""
+    return jax.ffi.ffi_call("jaxlab_f32_matmul", jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), jnp.float32))(x, w)
+
+
+def xla_program(fn):
+    """``fn`` traced with XLA's code only (:func:`xla_only`), whoever traces it: the steps of a program over several
+    devices (a custom call is opaque to XLA's partitioner, which would gather its operands onto every device, and
+    has no type for ``shard_map``'s per-device values)."""
+
+    @functools.wraps(fn)
+    def traced(*args, **kwargs):
+        with xla_only():
+            return fn(*args, **kwargs)
+
+    return traced
+
+
+def in_use() -> bool:
+    """Whether programs traced now may hold the kernels: built and loaded (:func:`status`), outside
+    :func:`xla_only`."""
+    return not XLA_ONLY.value and status().available
+
+
+def uses_f32_matmul(rows: int) -> bool:
+    """Whether a float32 product of ``rows`` rows runs on the kernel when lowered for a CPU."""
+    return isinstance(rows, int) and rows <= MAX_F32_ROWS and in_use()
+
+
 def uses_int8_matmul(rows: int) -> bool:
     """Whether a product of ``rows`` int8 rows runs on the kernel when lowered for a CPU."""
-    return rows <= MAX_ROWS and status().available
+    return isinstance(rows, int) and rows <= MAX_ROWS and in_use()
 
 
 def paged_attention(q, positions, k, v, page_table, k_scale=None, v_scale=None) -> jax.Array:
@@ -163,7 +217,43 @@ def paged_attention(q, positions, k, v, page_table, k_scale=None, v_scale=None) 
     return jax.ffi.ffi_call("jaxlab_paged_attention_int8", out)(q, positions, k, v, k_scale, v_scale, page_table)
 
 
+def contiguous_attention(q, positions, k, v, slot_pos, index) -> jax.Array:
+    """q [B, T, KVH, G, Hd] float32 at ``positions`` [B, T] over a contiguous float32 cache layer (keys transposed, key
+    layout "ds": k [B*KVH, Hd, S], v [B*KVH, S, Hd]; ``slot_pos`` [B, S] each slot's position, -1 empty or padding;
+    ``index`` the slots written) -> [B, T, KVH, G, Hd] float32 by the kernel (CPU only; call :func:`status` first). A
+    query at position p sees the slots holding positions 0..p; one that sees none gives zeros."""
+    index = jnp.asarray(index, jnp.int32).reshape(())
+    return jax.ffi.ffi_call("jaxlab_contiguous_attention", jax.ShapeDtypeStruct(q.shape, jnp.float32))(
+        q, positions, k, v, slot_pos, index
+    )
+
+
+def on_cpu(kernel, xla):
+    """``kernel(*arrays)`` where a program is lowered for a CPU and ``xla(*arrays)`` elsewhere
+    (``jax.lax.platform_dependent``), with ``xla``'s rules under ``jax.vmap`` and differentiation: a kernel takes
+    whole unbatched arrays and has no derivative, so a vmapped call runs ``jax.vmap(xla)`` and derivatives (forward
+    and reverse) are ``xla``'s. ``kernel`` and ``xla`` compute the same function of the same positional arrays."""
+
+    @custom_vmap
+    def either(*args):
+        return jax.lax.platform_dependent(*args, cpu=kernel, default=xla)
+
+    @either.def_vmap
+    def _batched(axis_size, in_batched, *args):
+        return jax.vmap(xla, in_axes=tuple(0 if b else None for b in in_batched))(*args), True
+
+    @jax.custom_jvp
+    def call(*args):
+        return either(*args)
+
+    @call.defjvp
+    def _derivative(args, tangents):
+        return either(*args), jax.jvp(xla, args, tangents)[1]
+
+    return call
+
+
 def uses_paged_attention(queries: int, head_dim: int) -> bool:
     """Whether paged attention of ``queries`` queries a row and heads of ``head_dim`` runs on the kernel when
     lowered for a CPU (the pages' format and layout: the caller checks those)."""
-    return queries <= MAX_QUERIES and head_dim <= MAX_HEAD_DIM and status().available
+    return isinstance(queries, int) and queries <= MAX_QUERIES and head_dim <= MAX_HEAD_DIM and in_use()

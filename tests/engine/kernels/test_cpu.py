@@ -1,13 +1,16 @@
 """jaxlab's CPU kernels (jaxlab.engine.kernels.cpu): built where the CPU can run them; the int8 product gives the
-same integers as XLA's dot for every int8 value and shape, paged attention what XLA's read through the pages gives
-within float32 rounding, and each row the same bits alone or among others; in CPU programs only for a few rows or
-queries, never in a program lowered for a TPU.
+same integers as XLA's dot for every int8 value and shape, the float32 product XLA's within float32 rounding, paged
+and contiguous attention what XLA's reads give within float32 rounding, and each row the same bits alone or among
+others; in CPU programs only for a few rows or queries, never in a program lowered for a TPU, nor under vmap or
+differentiation.
 
 The model-level checks run through them without naming them: every int8 test of a one- or two-row step (the goldens,
 `tests/engine/test_model.py::test_an_int8_decode_row_is_the_same_bits_alone_and_among_others`, the engine's batch
-invariance) compares the int8 kernel's rows with XLA's GEMM rows of larger batches, and every float32 decode step
-of the engine (`tests/engine/test_continuous.py`, `tests/engine/test_paged.py`'s key layout "ds") reads its pages
-through the attention kernel.
+invariance) compares the int8 kernel's rows with XLA's GEMM rows of larger batches; every float32 decode step of the
+engine (`tests/engine/test_continuous.py`, `tests/engine/test_paged.py`'s key layout "ds") reads its pages through
+the attention kernel; and every float32 decode step of the `Generator` (its goldens and greedy parity with the
+reference, the speculative decoder's identical tokens) runs its linear layers and its contiguous cache's attention
+on the kernels.
 """
 
 import dataclasses
@@ -211,3 +214,152 @@ def test_cpu_programs_read_pages_on_the_kernel_for_few_queries_only():
         assert ("jaxlab_paged_attention" in f.lower(q, pos, layer).as_text()) == expect, (t, pages)
         tpu = f.trace(q, pos, layer).lower(lowering_platforms=("tpu",)).as_text()
         assert "jaxlab_paged_attention" not in tpu
+
+
+def _f32(rng, *shape):
+    return jnp.asarray(rng.standard_normal(shape), jnp.float32)
+
+
+def _xla_f32(x, w):
+    return default_policy().matmul("ri,io->ro", x, w)  # the model's float32 matmul
+
+
+@pytest.mark.parametrize("k, n", [(1, 1), (5, 17), (130, 600), (576, 576), (576, 192), (576, 1536), (1536, 576)])
+def test_the_f32_product_is_xlas_within_rounding_and_a_row_the_same_bits_at_every_row_count(k, n):
+    """Inner sizes below, at and across the kernel's 128-row k blocks, output sizes that are and are not a multiple of
+    16 columns (masked lanes), the model's shapes; rows 1 to 40 (the tile heights 1-8 and their remainders), a row
+    taken alone or among others in another order gives the same bits; one row is XLA's matrix-vector product's bits
+    at the model's shapes (NOTES 28: both one multiply-add chain over k)."""
+    _needs_kernel()
+    rng = np.random.default_rng(k + n)
+    x, w = _f32(rng, 40, k), _f32(rng, k, n)
+    kernel, xla = jax.jit(cpu_kernel.f32_matmul), jax.jit(_xla_f32)
+    full, want = np.asarray(kernel(x, w)), np.asarray(xla(x, w))
+    assert np.abs(full - want).max() <= 1e-6 * np.abs(want).max() * np.sqrt(k)
+    for rows in ([0], [1, 0], [2, 0, 1], [3, 1, 2, 0], [39, 4, 12, 7, 0], list(range(9)), list(range(17, 40))):
+        np.testing.assert_array_equal(np.asarray(kernel(x[np.asarray(rows)], w)), full[rows], err_msg=str(rows))
+    if k >= 576:
+        np.testing.assert_array_equal(full[:1], np.asarray(xla(x[:1], w)))
+
+
+def test_cpu_programs_hold_the_f32_product_for_a_decode_steps_rows_only():
+    """A linear layer of <= 64 float32 rows lowered for the CPU holds the kernel; more rows, bfloat16, a quantized
+    kernel and a program lowered for a TPU keep XLA's dot."""
+    from jaxlab.engine.model import dense
+
+    _needs_kernel()
+    w = _f32(np.random.default_rng(0), 32, 48)
+    f = jax.jit(lambda x, w, pol: dense(x, w, pol), static_argnums=2)
+    f32, bf16 = default_policy(), default_policy("bfloat16")
+    for shape, pol, expect in [((1, 1, 32), f32, True), ((8, 8, 32), f32, True), ((65, 32), f32, False)]:
+        x = jnp.ones(shape, jnp.float32)
+        assert ("jaxlab_f32_matmul" in f.lower(x, w, pol).as_text()) == expect, shape
+        assert "custom_call" not in f.trace(x, w, pol).lower(lowering_platforms=("tpu",)).as_text()
+    x = jnp.ones((2, 32), jnp.float32)
+    assert "jaxlab_f32_matmul" not in f.lower(x, w.astype(jnp.bfloat16), bf16).as_text()
+    w8 = quantize_matrix(np.asarray(w).T.copy(), "int8")
+    assert "jaxlab_f32_matmul" not in f.lower(x, w8, f32).as_text()
+
+
+def test_vmap_and_grad_through_a_kernel_are_xlas():
+    """A kernel takes whole arrays and has no derivative: under ``jax.vmap`` the call is XLA's, vmapped, and its
+    gradient is XLA's (the same bits: the gradient of a product does not read the forward's values)."""
+    from jaxlab.engine.model import dense
+
+    _needs_kernel()
+    rng = np.random.default_rng(1)
+    pol = default_policy()
+    x, w = _f32(rng, 3, 2, 16), _f32(rng, 16, 24)
+    ours = jax.jit(jax.vmap(lambda x: dense(x, w, pol)))
+    np.testing.assert_array_equal(np.asarray(ours(x)), np.asarray(jax.jit(jax.vmap(lambda x: _xla_f32(x, w)))(x)))
+    assert "jaxlab_f32_matmul" not in ours.lower(x).as_text()
+    loss = jax.jit(jax.grad(lambda x, w: jnp.sum(jnp.sin(dense(x, w, pol))), argnums=(0, 1)))
+    ref = jax.jit(jax.grad(lambda x, w: jnp.sum(jnp.sin(_xla_f32(x.reshape(-1, 16), w))), argnums=(0, 1)))
+    for a, b in zip(loss(x[0], w), ref(x[0], w)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-6, atol=1e-6)  # cos() of the forward's values
+
+
+def _contiguous_case(rng, b, t, kvh, g, hd, s, written):
+    """A float32 contiguous layer as the Generator keeps it on a CPU (key layout "ds"), left-padded rows (row r's
+    first r % 3 slots are padding), ``written`` slots written; queries at the last positions of each row, row 1's
+    (if any) first query a padding one (position -1)."""
+    from jaxlab.engine.kvcache import KVLayer
+
+    k, v = _f32(rng, b * kvh, hd, s), _f32(rng, b * kvh, s, hd)
+    slot_pos = np.full((b, s), -1, np.int32)
+    for r in range(b):
+        slot_pos[r, r % 3 : written] = np.arange(written - r % 3)
+    last = slot_pos[:, written - 1]
+    pos = (last[:, None] - t + 1 + np.arange(t)).astype(np.int32)
+    if b > 1:
+        pos[1, 0] = -1
+    return _f32(rng, b, t, kvh, g, hd), jnp.asarray(pos), KVLayer(k, v, jnp.asarray(slot_pos), written, key_layout="ds")
+
+
+def _contiguous_kernel(q, pos, layer):
+    return cpu_kernel.contiguous_attention(q, pos, layer.k, layer.v, layer.pos, layer.index)
+
+
+@pytest.mark.parametrize(
+    "b, t, kvh, g, hd, s, written",
+    [
+        (3, 1, 2, 3, 10, 32, 20),  # the tiny model's heads, slots left unwritten
+        (3, 2, 2, 3, 10, 37, 37),  # two queries a row, slots not a multiple of 16, all written
+        (2, 5, 1, 5, 16, 64, 50),  # a speculative step's five queries
+        (4, 1, 3, 3, 64, 256, 192),  # SmolLM2's heads, the bench's context
+        (1, 1, 2, 2, 128, 96, 17),  # the widest head
+    ],
+)
+def test_contiguous_attention_is_xlas_read_of_the_slots(b, t, kvh, g, hd, s, written):
+    """Every visible query within float32 rounding of XLA's read (:func:`~jaxlab.engine.kvcache.read_slots`), the
+    padding slots and the unwritten ones masked; a padding query gives zeros."""
+    from jaxlab.engine.kvcache import read_slots
+
+    _needs_kernel()
+    q, pos, layer = _contiguous_case(np.random.default_rng(hd + s), b, t, kvh, g, hd, s, written)
+    got = np.asarray(jax.jit(_contiguous_kernel)(q, pos, layer))
+    want = np.asarray(jax.jit(lambda q, p, lay: read_slots(q, p, lay, default_policy()))(q, pos, layer))
+    want = want.reshape(got.shape)
+    seen = np.asarray(pos) >= 0
+    np.testing.assert_allclose(got[seen], want[seen], atol=2e-6, rtol=0)
+    assert not got[~seen].any()
+
+
+def test_a_rows_contiguous_attention_is_the_same_bits_alone_and_among_others():
+    _needs_kernel()
+    q, pos, layer = _contiguous_case(np.random.default_rng(5), 32, 1, 3, 3, 64, 256, 200)
+    kernel = jax.jit(_contiguous_kernel)
+    full = np.asarray(kernel(q, pos, layer))
+    kvh = 3
+    for rows in ([0], [5], [0, 7, 9, 20, 31]):
+        heads = np.asarray([r * kvh + h for r in rows for h in range(kvh)])
+        rows = np.asarray(rows)
+        part = dataclasses.replace(layer, k=layer.k[heads], v=layer.v[heads], pos=layer.pos[rows])
+        np.testing.assert_array_equal(np.asarray(kernel(q[rows], pos[rows], part)), full[rows])
+
+
+def test_cpu_programs_read_the_contiguous_cache_on_the_kernel_for_few_queries_only():
+    """A float32 "ds" layer's decode steps (<= 8 queries a row) hold the kernel; a prefill's many queries, the
+    Pallas kernels' layout "sd", an int8 layer, ``jax.vmap`` and a program lowered for a TPU keep XLA's read."""
+    from jaxlab.engine.kvcache import init_cache, read_slots
+    from jaxlab.io.config import tiny
+
+    _needs_kernel()
+    pol = default_policy()
+    rng = np.random.default_rng(0)
+    f = jax.jit(lambda q, pos, layer: layer.attend(q, pos, pol))
+    for t, expect in [(1, True), (8, True), (9, False)]:
+        q, pos, layer = _contiguous_case(rng, 2, t, 2, 3, 10, 32, 20)
+        assert ("jaxlab_contiguous_attention" in f.lower(q, pos, layer).as_text()) == expect, t
+        assert "custom_call" not in f.trace(q, pos, layer).lower(lowering_platforms=("tpu",)).as_text()
+    cfg = tiny()
+    q, pos, _ = _contiguous_case(rng, 2, 1, cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, cfg.head_dim, 32, 20)
+    for kw in (dict(key_layout="ds"), dict(key_layout="sd"), dict(key_layout="ds", dtype="int8")):
+        layer = init_cache(cfg, 2, 32, **kw).layer(0)
+        want = kw == dict(key_layout="ds")
+        assert ("jaxlab_contiguous_attention" in f.lower(q, pos, layer).as_text()) == want, kw
+    q, pos, layer = _contiguous_case(rng, 1, 1, 2, 3, 10, 32, 20)  # one row's layer, three rows' queries vmapped
+    qs, ps = jnp.stack([q, q, q]), jnp.stack([pos, pos, pos])
+    vm = jax.jit(jax.vmap(lambda q, p: layer.attend(q, p, pol)))
+    assert "jaxlab_contiguous_attention" not in vm.lower(qs, ps).as_text()
+    np.testing.assert_allclose(np.asarray(vm(qs, ps))[1], np.asarray(read_slots(q, pos, layer, pol)), atol=1e-6)

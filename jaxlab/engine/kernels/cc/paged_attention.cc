@@ -12,6 +12,12 @@
 //   table [B, P] int32         row b's position p lives in page table[b, p / ps] at offset p % ps
 //   out   [B, T, KVH, G, Hd]   softmax(q . k / sqrt(Hd)) . v over the visible keys
 //
+// A third handler reads the contiguous cache of engine/kvcache.py the same way, its slots taken 16 at a time as if
+// they were pages:
+//   JaxlabContiguousAttention: float32, k [B*KVH, Hd, S] (key layout "ds"), v [B*KVH, S, Hd], slot_pos [B, S] int32
+//                              (each slot's position, -1 empty or padding), index [] int32 (slots written: the rest
+//                              are not read); a query at position p sees the slots holding positions 0..p.
+//
 // XLA:CPU computes this by gathering every row's pages into a contiguous copy first, and writes that copy at under
 // half the copy bandwidth (NOTES 22); this reads each page where it lies, once for the G query heads that share it.
 // float32 pages: the scores of a page's ps keys are ps lanes of AVX-512 (q[d] broadcast times the page's row d of
@@ -70,17 +76,31 @@ struct Problem {
   const int8_t* v8 = nullptr;
   const float* k_scale = nullptr;  // [KVH, N, ps]
   const float* v_scale = nullptr;
+  const int32_t* slot_pos = nullptr;  // the contiguous cache (instead of a table): [B, S], each slot's position
   int64_t B, T, KVH, G, Hd, N, ps, P;
   int64_t heads_per_chunk;  // G (a chunk is a (row, query, kv head)) or 1 (a query head alone: few rows)
   float scale;
+  int64_t S = 0;  // the contiguous cache's slots (ps = 16 of them a "page")
 };
 
+// Where "page" j of row b, kv head h starts, in vectors of Hd (values, int8 keys, scales): the table's page in the
+// pool, or the row's slots 16 j .. in the contiguous cache
+inline int64_t PageAt(const Problem& pr, int64_t b, int64_t h, int64_t j) {
+  if (pr.slot_pos != nullptr) return (b * pr.KVH + h) * pr.S + j * pr.ps;
+  return (h * pr.N + pr.table[b * pr.P + j]) * pr.ps;
+}
+
 // Scores of GQ query heads q[g * Hd ...] against keys [0, n) of row b, kv head h -> s[g * stride + key]
+// (the contiguous cache: a slot not holding one of positions 0 .. qpos gets -inf)
 template <int GQ>
-void Scores(const Problem& pr, const float* q, int64_t b, int64_t h, int64_t n, float* s, int64_t stride) {
+void Scores(const Problem& pr, const float* q, int64_t b, int64_t h, int64_t n, int64_t qpos, float* s,
+            int64_t stride) {
   const int64_t ps = pr.ps, Hd = pr.Hd;
+  const bool slots = pr.slot_pos != nullptr;
+  const int64_t dstride = slots ? pr.S : ps;  // from a key's dimension d to d + 1
   for (int64_t j = 0; j * ps < n; ++j) {
-    const float* page = pr.k + (h * pr.N + pr.table[b * pr.P + j]) * Hd * ps;
+    const float* page =
+        slots ? pr.k + (b * pr.KVH + h) * Hd * pr.S + j * ps : pr.k + (h * pr.N + pr.table[b * pr.P + j]) * Hd * ps;
     const int64_t here = std::min(ps, n - j * ps);
     for (int64_t s0 = 0; s0 < here; s0 += 16) {
       const __mmask16 m = Lanes(here - s0);
@@ -88,28 +108,42 @@ void Scores(const Problem& pr, const float* q, int64_t b, int64_t h, int64_t n, 
 #pragma GCC unroll 4
       for (int g = 0; g < GQ; ++g) acc[g][0] = acc[g][1] = _mm512_setzero_ps();
       for (int64_t d = 0; d < Hd; ++d) {  // two accumulators a head (even and odd d): shorter dependency chains
-        const __m512 key = _mm512_maskz_loadu_ps(m, page + d * ps + s0);
+        const __m512 key = _mm512_maskz_loadu_ps(m, page + d * dstride + s0);
 #pragma GCC unroll 4
         for (int g = 0; g < GQ; ++g) acc[g][d & 1] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * Hd + d]), key, acc[g][d & 1]);
+      }
+      __mmask16 visible = m;
+      if (slots) {
+        const __m512i p = _mm512_maskz_loadu_epi32(m, pr.slot_pos + b * pr.S + j * ps + s0);
+        visible = _mm512_mask_cmpge_epi32_mask(m, p, _mm512_setzero_si512()) &
+                  _mm512_cmple_epi32_mask(p, _mm512_set1_epi32(static_cast<int32_t>(qpos)));
       }
 #pragma GCC unroll 4
       for (int g = 0; g < GQ; ++g)
         _mm512_mask_storeu_ps(s + g * stride + j * ps + s0, m,
-                              _mm512_mul_ps(_mm512_add_ps(acc[g][0], acc[g][1]), _mm512_set1_ps(pr.scale)));
+                              _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), visible,
+                                                 _mm512_add_ps(acc[g][0], acc[g][1]), _mm512_set1_ps(pr.scale)));
     }
   }
 }
 
-// The softmax's unnormalised weights e^(s - max s) in place; returns their sum.
+// The softmax's unnormalised weights e^(s - max s) in place (a -inf score, a slot not seen, weighs 0); returns
+// their sum (0 when no score is finite).
 float Weights(float* s, int64_t n) {
   __m512 mx = _mm512_set1_ps(-INFINITY);
   for (int64_t i = 0; i < n; i += 16)
     mx = _mm512_mask_max_ps(mx, Lanes(n - i), mx, _mm512_maskz_loadu_ps(Lanes(n - i), s + i));
-  const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+  const float top = _mm512_reduce_max_ps(mx);
+  if (top == -INFINITY) {
+    std::memset(s, 0, sizeof(float) * n);
+    return 0.0f;
+  }
+  const __m512 m = _mm512_set1_ps(top), none = _mm512_set1_ps(-INFINITY);
   __m512 total = _mm512_setzero_ps();
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 l = Lanes(n - i);
-    const __m512 e = Exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(l, s + i), m));
+    const __m512 x = _mm512_maskz_loadu_ps(l, s + i);
+    const __m512 e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, none, _CMP_NEQ_OQ), Exp(_mm512_sub_ps(x, m)));
     _mm512_mask_storeu_ps(s + i, l, e);
     total = _mm512_mask_add_ps(total, l, total, e);
   }
@@ -151,7 +185,7 @@ void Int8Scores(const Problem& pr, const float* q, int64_t b, int64_t h, int64_t
 #pragma GCC unroll 8
     for (int c = 0; c < NC; ++c) qv[g][c] = _mm512_maskz_loadu_ps(c == NC - 1 ? tail : 0xFFFF, q + g * Hd + c * 16);
   for (int64_t j = 0; j * ps < n; ++j) {
-    const int64_t at = (h * pr.N + pr.table[b * pr.P + j]) * ps;
+    const int64_t at = PageAt(pr, b, h, j);
     const int64_t here = std::min(ps, n - j * ps);
     for (int64_t s0 = 0; s0 < here; s0 += 16) {
       const int64_t keys = std::min<int64_t>(16, here - s0);
@@ -196,7 +230,7 @@ void Values(const Problem& pr, const float* w, int64_t stride, const float* tota
 #pragma GCC unroll 8
     for (int c = 0; c < NC; ++c) acc[g][c] = _mm512_setzero_ps();
   for (int64_t j = 0; j * ps < n; ++j) {
-    const int64_t at = (h * pr.N + pr.table[b * pr.P + j]) * ps;
+    const int64_t at = PageAt(pr, b, h, j);
     const int64_t here = std::min(ps, n - j * ps);
     for (int64_t s = 0; s < here; ++s) {
       __m512 row[NC];
@@ -220,7 +254,7 @@ void Values(const Problem& pr, const float* w, int64_t stride, const float* tota
   }
 #pragma GCC unroll 4
   for (int g = 0; g < GQ; ++g) {
-    const __m512 inv = _mm512_set1_ps(1.0f / total[g]);
+    const __m512 inv = _mm512_set1_ps(total[g] > 0 ? 1.0f / total[g] : 0.0f);  // none seen: zeros
 #pragma GCC unroll 8
     for (int c = 0; c < NC; ++c)
       _mm512_mask_storeu_ps(o + g * Hd + c * 16, c == NC - 1 ? tail : 0xFFFF, _mm512_mul_ps(acc[g][c], inv));
@@ -228,11 +262,12 @@ void Values(const Problem& pr, const float* w, int64_t stride, const float* tota
 }
 
 template <int GQ, int NC>
-void Heads(const Problem& pr, const float* q, int64_t b, int64_t h, int64_t n, float* o, float* s, int64_t stride) {
+void Heads(const Problem& pr, const float* q, int64_t b, int64_t h, int64_t n, int64_t qpos, float* o, float* s,
+           int64_t stride) {
   if (pr.k8 != nullptr)
     Int8Scores<GQ, NC>(pr, q, b, h, n, s, stride);
   else
-    Scores<GQ>(pr, q, b, h, n, s, stride);
+    Scores<GQ>(pr, q, b, h, n, qpos, s, stride);
   float total[GQ];
   for (int g = 0; g < GQ; ++g) total[g] = Weights(s + g * stride, n);
   Values<GQ, NC>(pr, s, stride, total, b, h, n, o);
@@ -240,18 +275,19 @@ void Heads(const Problem& pr, const float* q, int64_t b, int64_t h, int64_t n, f
 
 // GQ query heads of kv head h against keys [0, n) of row b -> o
 template <int GQ>
-void Heads(const Problem& pr, const float* q, int64_t b, int64_t h, int64_t n, float* o, std::vector<float>& s) {
+void Heads(const Problem& pr, const float* q, int64_t b, int64_t h, int64_t n, int64_t qpos, float* o,
+           std::vector<float>& s) {
   const int64_t stride = (n + 15) / 16 * 16;
   s.resize(GQ * stride);
   switch ((pr.Hd + 15) / 16) {  // the head's 16-lane accumulators
-    case 1: Heads<GQ, 1>(pr, q, b, h, n, o, s.data(), stride); break;
-    case 2: Heads<GQ, 2>(pr, q, b, h, n, o, s.data(), stride); break;
-    case 3: Heads<GQ, 3>(pr, q, b, h, n, o, s.data(), stride); break;
-    case 4: Heads<GQ, 4>(pr, q, b, h, n, o, s.data(), stride); break;
-    case 5: Heads<GQ, 5>(pr, q, b, h, n, o, s.data(), stride); break;
-    case 6: Heads<GQ, 6>(pr, q, b, h, n, o, s.data(), stride); break;
-    case 7: Heads<GQ, 7>(pr, q, b, h, n, o, s.data(), stride); break;
-    default: Heads<GQ, 8>(pr, q, b, h, n, o, s.data(), stride); break;
+    case 1: Heads<GQ, 1>(pr, q, b, h, n, qpos, o, s.data(), stride); break;
+    case 2: Heads<GQ, 2>(pr, q, b, h, n, qpos, o, s.data(), stride); break;
+    case 3: Heads<GQ, 3>(pr, q, b, h, n, qpos, o, s.data(), stride); break;
+    case 4: Heads<GQ, 4>(pr, q, b, h, n, qpos, o, s.data(), stride); break;
+    case 5: Heads<GQ, 5>(pr, q, b, h, n, qpos, o, s.data(), stride); break;
+    case 6: Heads<GQ, 6>(pr, q, b, h, n, qpos, o, s.data(), stride); break;
+    case 7: Heads<GQ, 7>(pr, q, b, h, n, qpos, o, s.data(), stride); break;
+    default: Heads<GQ, 8>(pr, q, b, h, n, qpos, o, s.data(), stride); break;
   }
 }
 
@@ -264,27 +300,36 @@ void AttendChunk(const void* context, int64_t c) {
   const int64_t at = (bt * pr.KVH + h) * pr.G * pr.Hd + g0 * pr.Hd;
   const float* q = pr.q + at;
   float* o = pr.out + at;
-  const int64_t n = std::min<int64_t>(pr.pos[bt] + 1, pr.P * pr.ps);
+  // keys to read: positions 0 .. pos through the table; the contiguous cache's written slots (masked by position)
+  const int64_t qpos = pr.pos[bt], n = pr.slot_pos != nullptr ? (qpos < 0 ? 0 : pr.N) : std::min<int64_t>(qpos + 1, pr.P * pr.ps);
   if (n <= 0) {
     std::memset(o, 0, sizeof(float) * pr.heads_per_chunk * pr.Hd);
     return;
   }
   thread_local std::vector<float> scores;
   int64_t g = 0;
-  for (; g + 4 <= pr.heads_per_chunk; g += 4) Heads<4>(pr, q + g * pr.Hd, b, h, n, o + g * pr.Hd, scores);
+  for (; g + 4 <= pr.heads_per_chunk; g += 4) Heads<4>(pr, q + g * pr.Hd, b, h, n, qpos, o + g * pr.Hd, scores);
   switch (pr.heads_per_chunk - g) {
-    case 3: Heads<3>(pr, q + g * pr.Hd, b, h, n, o + g * pr.Hd, scores); break;
-    case 2: Heads<2>(pr, q + g * pr.Hd, b, h, n, o + g * pr.Hd, scores); break;
-    case 1: Heads<1>(pr, q + g * pr.Hd, b, h, n, o + g * pr.Hd, scores); break;
+    case 3: Heads<3>(pr, q + g * pr.Hd, b, h, n, qpos, o + g * pr.Hd, scores); break;
+    case 2: Heads<2>(pr, q + g * pr.Hd, b, h, n, qpos, o + g * pr.Hd, scores); break;
+    case 1: Heads<1>(pr, q + g * pr.Hd, b, h, n, qpos, o + g * pr.Hd, scores); break;
     default: break;
   }
 }
 
+// Below this many query-head x key products a call runs on the calling thread alone (a one-row decode step's
+// ~20 microseconds: waking a helper would cost more than it saves).
+constexpr int64_t kAloneProducts = 1 << 15;
+
 void Run(Problem& pr) {
   // Whole kv heads a chunk (each page read once for its G query heads) unless that leaves a thread idle.
   pr.heads_per_chunk = pr.B * pr.T * pr.KVH < 4 * jaxlab::Threads() ? 1 : pr.G;
-  jaxlab::Job job(AttendChunk, &pr, pr.B * pr.T * pr.KVH * (pr.G / pr.heads_per_chunk));
-  jaxlab::TheHelpers().Run(&job);
+  jaxlab::Job job(AttendChunk, &pr, pr.B * pr.T * pr.KVH * (pr.G / pr.heads_per_chunk), /*linger=*/0);
+  const int64_t keys = pr.slot_pos != nullptr ? pr.N : pr.P * pr.ps;
+  if (pr.B * pr.T * pr.KVH * pr.G * keys < kAloneProducts)
+    job.Work();
+  else
+    jaxlab::TheHelpers().Run(&job);
 }
 
 ffi::Error PagedAttention(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::S32> pos, ffi::Buffer<ffi::F32> k,
@@ -298,7 +343,7 @@ ffi::Error PagedAttention(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::S32> pos, ff
                       "jaxlab_paged_attention: expected q [B, T, KVH, G, Hd <= 128], pos [B, T], k [KVH, N, Hd, ps], "
                       "v [KVH, N, ps, Hd], table [B, P]");
   Problem pr{q.typed_data(), pos.typed_data(), k.typed_data(), v.typed_data(), table.typed_data(), out->typed_data(),
-             nullptr, nullptr, nullptr, nullptr,
+             nullptr, nullptr, nullptr, nullptr, nullptr,
              qd[0], qd[1], qd[2], qd[3], qd[4], kd[1], kd[3], td[1], qd[3],
              1.0f / std::sqrt(static_cast<float>(qd[4]))};
   Run(pr);
@@ -320,14 +365,46 @@ ffi::Error PagedAttentionInt8(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::S32> pos
                       "jaxlab_paged_attention_int8: expected q [B, T, KVH, G, Hd <= 128], pos [B, T], k and v "
                       "[KVH, N, ps, Hd] int8, their scales [KVH, N, ps], table [B, P]");
   Problem pr{q.typed_data(), pos.typed_data(), nullptr, nullptr, table.typed_data(), out->typed_data(),
-             k.typed_data(), v.typed_data(), k_scale.typed_data(), v_scale.typed_data(),
+             k.typed_data(), v.typed_data(), k_scale.typed_data(), v_scale.typed_data(), nullptr,
              qd[0], qd[1], qd[2], qd[3], qd[4], kd[1], kd[2], td[1], qd[3],
              1.0f / std::sqrt(static_cast<float>(qd[4]))};
   Run(pr);
   return ffi::Error::Success();
 }
 
+ffi::Error ContiguousAttention(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::S32> pos, ffi::Buffer<ffi::F32> k,
+                               ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> slot_pos, ffi::Buffer<ffi::S32> index,
+                               ffi::ResultBuffer<ffi::F32> out) {
+  const auto qd = q.dimensions(), pd = pos.dimensions(), kd = k.dimensions(), vd = v.dimensions(),
+             sd = slot_pos.dimensions();
+  if (qd.size() != 5 || pd.size() != 2 || kd.size() != 3 || vd.size() != 3 || sd.size() != 2 ||
+      index.element_count() != 1 || pd[0] != qd[0] || pd[1] != qd[1] || kd[0] != qd[0] * qd[2] || kd[1] != qd[4] ||
+      vd[0] != kd[0] || vd[1] != kd[2] || vd[2] != qd[4] || sd[0] != qd[0] || sd[1] != kd[2] || qd[4] > kMaxHeadDim)
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "jaxlab_contiguous_attention: expected q [B, T, KVH, G, Hd <= 128], pos [B, T], k [B*KVH, Hd, S], "
+                      "v [B*KVH, S, Hd], slot_pos [B, S], index []");
+  const int64_t S = kd[2], written = std::clamp<int64_t>(index.typed_data()[0], 0, S);
+  // N: the slots read (those written); P "pages" of 16 slots
+  Problem pr{q.typed_data(), pos.typed_data(), k.typed_data(), v.typed_data(), nullptr, out->typed_data(),
+             nullptr, nullptr, nullptr, nullptr, slot_pos.typed_data(),
+             qd[0], qd[1], qd[2], qd[3], qd[4], written, 16, (S + 15) / 16, qd[3],
+             1.0f / std::sqrt(static_cast<float>(qd[4])), S};
+  Run(pr);
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxlabContiguousAttention, ContiguousAttention,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // q [B, T, KVH, G, Hd]
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // pos [B, T]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // k [B*KVH, Hd, S]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // v [B*KVH, S, Hd]
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // slot_pos [B, S]
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // index []
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // out [B, T, KVH, G, Hd]
+);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxlabPagedAttentionInt8, PagedAttentionInt8,
                               ffi::Ffi::Bind()

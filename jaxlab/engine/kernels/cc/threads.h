@@ -1,8 +1,10 @@
 // The threads of jaxlab's CPU kernels (jaxlab/engine/kernels/cpu.py builds them into one library): the calling
 // thread and helper threads split a job's chunks between them. The helpers spin between calls (a decode step's
 // one-row product of a 576 x 576 matrix takes ~20 microseconds, less than waking a sleeping thread; XLA's FFI thread
-// pool started too late in 4,359 of 4,431 calls, benchmarks/NOTES.md 26) and sleep after kSpinMicroseconds without
-// work. One set of helpers per process, shared by every kernel of the library.
+// pool started too late in 4,359 of 4,431 calls, benchmarks/NOTES.md 26) and sleep after the last job's linger time
+// without work: kSpinMicroseconds for the int8 products, which come back to back, none for attention, one call a
+// layer between XLA's own multi-threaded work, whose cores a spinning helper would take (NOTES 28). One set of
+// helpers per process, shared by every kernel of the library.
 #pragma once
 
 #include <immintrin.h>
@@ -28,8 +30,10 @@ struct Job {
   void (*work)(const void* context, int64_t chunk);
   const void* context;
   int64_t chunks;
+  int linger_us;  // how long a helper waits for the next job, spinning, before it sleeps
   std::atomic<int64_t> next{0}, done{0};
-  Job(void (*w)(const void*, int64_t), const void* c, int64_t n) : work(w), context(c), chunks(n) {}
+  Job(void (*w)(const void*, int64_t), const void* c, int64_t n, int linger = kSpinMicroseconds)
+      : work(w), context(c), chunks(n), linger_us(linger) {}
   void Work() {
     for (;;) {
       const int64_t c = next.fetch_add(1, std::memory_order_relaxed);
@@ -72,12 +76,13 @@ class Helpers {
  private:
   void Loop() {
     uint64_t seen = generation_.load();
+    int linger = kSpinMicroseconds;
     for (;;) {
       const auto start = std::chrono::steady_clock::now();
       for (int spins = 1; generation_.load(std::memory_order_acquire) == seen; ++spins) {
         _mm_pause();
-        if (spins % 1024 == 0 &&
-            std::chrono::steady_clock::now() - start > std::chrono::microseconds(kSpinMicroseconds)) {
+        if ((linger == 0 || spins % 1024 == 0) &&
+            std::chrono::steady_clock::now() - start >= std::chrono::microseconds(linger)) {
           std::unique_lock<std::mutex> lock(mu_);
           sleeping_.fetch_add(1);
           wake_.wait(lock, [&] { return generation_.load() != seen; });
@@ -86,7 +91,10 @@ class Helpers {
       }
       seen = generation_.load(std::memory_order_acquire);
       inside_.fetch_add(1, std::memory_order_seq_cst);
-      if (Job* job = job_.load(std::memory_order_seq_cst)) job->Work();
+      if (Job* job = job_.load(std::memory_order_seq_cst)) {
+        linger = job->linger_us;
+        job->Work();
+      }
       inside_.fetch_sub(1, std::memory_order_acq_rel);
     }
   }
