@@ -13,10 +13,10 @@ step's few rows is far from what the CPU can do.
   pages with each page's keys transposed (key layout "ds"), or int8 pages with their scales (key layout "sd"). Each
   page is read where it lies, where XLA:CPU first gathers every row's pages into a copy that it writes at under half
   the copy bandwidth (NOTES 22, 27). The same code reads the contiguous cache's float32 slots ("ds"), 16 at a time,
-  only as far as they are written and masked by their positions, where XLA's reads all of them (NOTES 28). Float sums in another order: float32 pages within float32 rounding of XLA's
-  attention (~3e-7); int8 pages within float32 rounding of the attention of their dequantized vectors, closer to it
-  than XLA's int8 path, which rounds the queries and weights to ~15 bits first (~5e-5). Each row's result is the same
-  bits alone or among others.
+  only as far as they are written and masked by their positions, where XLA's reads all of them (NOTES 28). Float
+  sums in another order: float32 pages within float32 rounding of XLA's attention (~3e-7); int8 pages within float32
+  rounding of the attention of their dequantized vectors, closer to it than XLA's int8 path, which rounds the queries
+  and weights to ~15 bits first (~5e-5). Each row's result is the same bits alone or among others.
 * ``cc/threads.h`` — the helper threads both share.
 
 Built on first use with the system C++ compiler (``g++`` / ``c++``, a few seconds) into one library in the cache
@@ -161,8 +161,8 @@ def status() -> KernelStatus:
         jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(handler), platform="cpu")
     return KernelStatus(
         True,
-        f"in use for int8 products of <= {MAX_ROWS} rows, float32 products of <= {MAX_F32_ROWS} rows and attention (paged, or a float32 contiguous cache) of "
-        f"<= {MAX_QUERIES} queries a row",
+        f"in use for int8 products of <= {MAX_ROWS} rows, float32 products of <= {MAX_F32_ROWS} rows and attention "
+        f"(paged, or a float32 contiguous cache) of <= {MAX_QUERIES} queries a row",
         str(path),
     )
 

@@ -23,12 +23,18 @@ namespace {
 
 constexpr int64_t kKBlock = 128;  // k rows of a tile's columns kept in L1 while every row block uses them
 constexpr int kPrefetchRows = 16;  // how many k rows ahead the first row block prefetches (measured: 4, 8, 16, 32, 64)
+// Below this many multiply-adds a call runs on the calling thread alone: waking a helper would cost more than the
+// product (a toy model's; the smallest of SmolLM2's, one row by 576 x 192, is 110,592).
+constexpr int64_t kAloneProducts = 1 << 16;
 
-inline __mmask16 Mask(int64_t left) { return left >= 16 ? 0xFFFF : left <= 0 ? 0 : static_cast<__mmask16>((1u << left) - 1); }
+// the lanes of a 16-float vector that hold one of the next ``left`` columns
+inline __mmask16 Mask(int64_t left) {
+  return left >= 16 ? 0xFFFF : left <= 0 ? 0 : static_cast<__mmask16>((1u << left) - 1);
+}
 
-// rows [r0, r0 + MB), columns [n0, n0 + 16 NB) (masked at N), k in [k0, k1); acc loaded from y unless k0 == 0
+// rows [r0, r0 + MB), columns [n0, n0 + 16 NB) (masked at N), k in [k0, k1): the chains go on from y unless k0 == 0
 template <int MB, int NB>
-void TileIO(const float* x, const float* w, float* y, int64_t K, int64_t N, int64_t r0, int64_t n0, int64_t k0,
+void Tile(const float* x, const float* w, float* y, int64_t K, int64_t N, int64_t r0, int64_t n0, int64_t k0,
             int64_t k1, bool prefetch) {
   __m512 acc[MB][NB];
   __mmask16 m[NB];
@@ -44,7 +50,8 @@ void TileIO(const float* x, const float* w, float* y, int64_t K, int64_t N, int6
     const float* wk = w + k * N + n0;
     if (prefetch && k + kPrefetchRows < K) {
 #pragma GCC unroll 32
-      for (int j = 0; j < NB; ++j) _mm_prefetch(reinterpret_cast<const char*>(wk + kPrefetchRows * N + 16 * j), _MM_HINT_T0);
+      for (int j = 0; j < NB; ++j)
+        _mm_prefetch(reinterpret_cast<const char*>(wk + kPrefetchRows * N + 16 * j), _MM_HINT_T0);
     }
     __m512 b[NB];
 #pragma GCC unroll 32
@@ -63,17 +70,17 @@ void TileIO(const float* x, const float* w, float* y, int64_t K, int64_t N, int6
 }
 
 template <int NB>
-void RowsIO(const float* x, const float* w, float* y, int64_t R, int64_t K, int64_t N, int64_t r0, int64_t rows,
-            int64_t n0, int64_t k0, int64_t k1, bool prefetch) {
+void Rows(const float* x, const float* w, float* y, int64_t R, int64_t K, int64_t N, int64_t r0, int64_t rows,
+          int64_t n0, int64_t k0, int64_t k1, bool prefetch) {
   switch (rows) {
-    case 1: return TileIO<1, NB>(x, w, y, K, N, r0, n0, k0, k1, prefetch);
-    case 2: return TileIO<2, NB>(x, w, y, K, N, r0, n0, k0, k1, prefetch);
-    case 3: return TileIO<3, NB>(x, w, y, K, N, r0, n0, k0, k1, prefetch);
-    case 4: return TileIO<4, NB>(x, w, y, K, N, r0, n0, k0, k1, prefetch);
-    case 5: return TileIO<5, NB>(x, w, y, K, N, r0, n0, k0, k1, prefetch);
-    case 6: return TileIO<6, NB>(x, w, y, K, N, r0, n0, k0, k1, prefetch);
-    case 7: return TileIO<7, NB>(x, w, y, K, N, r0, n0, k0, k1, prefetch);
-    default: return TileIO<8, NB>(x, w, y, K, N, r0, n0, k0, k1, prefetch);
+    case 1: return Tile<1, NB>(x, w, y, K, N, r0, n0, k0, k1, prefetch);
+    case 2: return Tile<2, NB>(x, w, y, K, N, r0, n0, k0, k1, prefetch);
+    case 3: return Tile<3, NB>(x, w, y, K, N, r0, n0, k0, k1, prefetch);
+    case 4: return Tile<4, NB>(x, w, y, K, N, r0, n0, k0, k1, prefetch);
+    case 5: return Tile<5, NB>(x, w, y, K, N, r0, n0, k0, k1, prefetch);
+    case 6: return Tile<6, NB>(x, w, y, K, N, r0, n0, k0, k1, prefetch);
+    case 7: return Tile<7, NB>(x, w, y, K, N, r0, n0, k0, k1, prefetch);
+    default: return Tile<8, NB>(x, w, y, K, N, r0, n0, k0, k1, prefetch);
   }
 }
 
@@ -85,23 +92,24 @@ struct Product {
   int nb, mb;
 };
 
+// columns [n0, n0 + 16 NB) of every row, k block by k block
 template <int NB>
-void ChunkIO(const Product& p, int64_t n0) {
+void TileColumns(const Product& p, int64_t n0) {
   for (int64_t k0 = 0; k0 < p.K; k0 += kKBlock) {
     const int64_t k1 = std::min(p.K, k0 + kKBlock);
     for (int64_t r = 0; r < p.R; r += p.mb)
-      RowsIO<NB>(p.x, p.w, p.y, p.R, p.K, p.N, r, std::min<int64_t>(p.mb, p.R - r), n0, k0, k1, r == 0);
+      Rows<NB>(p.x, p.w, p.y, p.R, p.K, p.N, r, std::min<int64_t>(p.mb, p.R - r), n0, k0, k1, r == 0);
   }
 }
 
-void ProductChunkIO(const void* context, int64_t c) {
+void ProductChunk(const void* context, int64_t c) {
   const Product& p = *static_cast<const Product*>(context);
   const int64_t n_end = std::min(p.N, (c + 1) * p.columns);
   for (int64_t n0 = c * p.columns; n0 < n_end; n0 += 16 * p.nb) {
     switch (p.nb) {
-      case 8: ChunkIO<8>(p, n0); break;
-      case 6: ChunkIO<6>(p, n0); break;
-      default: ChunkIO<3>(p, n0); break;
+      case 8: TileColumns<8>(p, n0); break;
+      case 6: TileColumns<6>(p, n0); break;
+      default: TileColumns<3>(p, n0); break;
     }
   }
 }
@@ -116,8 +124,11 @@ ffi::Error Matmul(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w, ffi::ResultB
   const int64_t tile = 16 * nb, tiles = (N + tile - 1) / tile;
   const int64_t per = std::max<int64_t>(1, tiles / (4 * jaxlab::Threads()));
   Product p{x.typed_data(), w.typed_data(), y->typed_data(), R, K, N, per * tile, nb, 8};
-  jaxlab::Job job(ProductChunkIO, &p, (tiles + per - 1) / per);
-  jaxlab::TheHelpers().Run(&job);
+  jaxlab::Job job(ProductChunk, &p, (tiles + per - 1) / per);
+  if (R * K * N < kAloneProducts)
+    job.Work();
+  else
+    jaxlab::TheHelpers().Run(&job);
   return ffi::Error::Success();
 }
 

@@ -25,6 +25,9 @@ namespace {
 
 constexpr int kColumns = 4;             // weight rows read side by side
 constexpr int64_t kPrefetchBytes = 2048;  // how far ahead in a weight row (measured: 0, 1024, 2048, 4096, 8192)
+// Below this many multiply-adds a call runs on the calling thread alone: waking a helper would cost more than the
+// product (a toy model's; SmolLM2's smallest, two rows by 192 x 576, is 221,184).
+constexpr int64_t kAloneProducts = 1 << 16;
 
 template <int RB, int CB>
 inline void Piece(const uint8_t* xu, const int8_t* w, int64_t K, int64_t r0, int64_t n0, int64_t k, __mmask64 m,
@@ -106,7 +109,10 @@ ffi::Error Int8Matmul(ffi::Buffer<ffi::S8> x, ffi::Buffer<ffi::S8> w, ffi::Resul
   Product p{shifted.data(), w.typed_data(), y->typed_data(), R, K, N,
             std::max<int64_t>(16, (N + 8 * threads - 1) / (8 * threads))};
   jaxlab::Job job(ProductChunk, &p, (N + p.chunk - 1) / p.chunk);
-  jaxlab::TheHelpers().Run(&job);
+  if (R * K * N < kAloneProducts)
+    job.Work();
+  else
+    jaxlab::TheHelpers().Run(&job);
   return ffi::Error::Success();
 }
 

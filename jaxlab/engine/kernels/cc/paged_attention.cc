@@ -301,7 +301,8 @@ void AttendChunk(const void* context, int64_t c) {
   const float* q = pr.q + at;
   float* o = pr.out + at;
   // keys to read: positions 0 .. pos through the table; the contiguous cache's written slots (masked by position)
-  const int64_t qpos = pr.pos[bt], n = pr.slot_pos != nullptr ? (qpos < 0 ? 0 : pr.N) : std::min<int64_t>(qpos + 1, pr.P * pr.ps);
+  const int64_t qpos = pr.pos[bt];
+  const int64_t n = pr.slot_pos != nullptr ? (qpos < 0 ? 0 : pr.N) : std::min<int64_t>(qpos + 1, pr.P * pr.ps);
   if (n <= 0) {
     std::memset(o, 0, sizeof(float) * pr.heads_per_chunk * pr.Hd);
     return;
@@ -381,8 +382,8 @@ ffi::Error ContiguousAttention(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::S32> po
       index.element_count() != 1 || pd[0] != qd[0] || pd[1] != qd[1] || kd[0] != qd[0] * qd[2] || kd[1] != qd[4] ||
       vd[0] != kd[0] || vd[1] != kd[2] || vd[2] != qd[4] || sd[0] != qd[0] || sd[1] != kd[2] || qd[4] > kMaxHeadDim)
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                      "jaxlab_contiguous_attention: expected q [B, T, KVH, G, Hd <= 128], pos [B, T], k [B*KVH, Hd, S], "
-                      "v [B*KVH, S, Hd], slot_pos [B, S], index []");
+                      "jaxlab_contiguous_attention: expected q [B, T, KVH, G, Hd <= 128], pos [B, T], "
+                      "k [B*KVH, Hd, S], v [B*KVH, S, Hd], slot_pos [B, S], index []");
   const int64_t S = kd[2], written = std::clamp<int64_t>(index.typed_data()[0], 0, S);
   // N: the slots read (those written); P "pages" of 16 slots
   Problem pr{q.typed_data(), pos.typed_data(), k.typed_data(), v.typed_data(), nullptr, out->typed_data(),
