@@ -125,10 +125,7 @@ ffi::Error Matmul(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w, ffi::ResultB
   const int64_t per = std::max<int64_t>(1, tiles / (4 * jaxlab::Threads()));
   Product p{x.typed_data(), w.typed_data(), y->typed_data(), R, K, N, per * tile, nb, 8};
   jaxlab::Job job(ProductChunk, &p, (tiles + per - 1) / per);
-  if (R * K * N < kAloneProducts)
-    job.Work();
-  else
-    jaxlab::TheHelpers().Run(&job);
+  jaxlab::RunSized(&job, R * K * N, kAloneProducts);
   return ffi::Error::Success();
 }
 

@@ -109,10 +109,7 @@ ffi::Error Int8Matmul(ffi::Buffer<ffi::S8> x, ffi::Buffer<ffi::S8> w, ffi::Resul
   Product p{shifted.data(), w.typed_data(), y->typed_data(), R, K, N,
             std::max<int64_t>(16, (N + 8 * threads - 1) / (8 * threads))};
   jaxlab::Job job(ProductChunk, &p, (N + p.chunk - 1) / p.chunk);
-  if (R * K * N < kAloneProducts)
-    job.Work();
-  else
-    jaxlab::TheHelpers().Run(&job);
+  jaxlab::RunSized(&job, R * K * N, kAloneProducts);
   return ffi::Error::Success();
 }
 

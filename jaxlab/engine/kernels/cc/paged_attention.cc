@@ -327,10 +327,7 @@ void Run(Problem& pr) {
   pr.heads_per_chunk = pr.B * pr.T * pr.KVH < 4 * jaxlab::Threads() ? 1 : pr.G;
   jaxlab::Job job(AttendChunk, &pr, pr.B * pr.T * pr.KVH * (pr.G / pr.heads_per_chunk), /*linger=*/0);
   const int64_t keys = pr.slot_pos != nullptr ? pr.N : pr.P * pr.ps;
-  if (pr.B * pr.T * pr.KVH * pr.G * keys < kAloneProducts)
-    job.Work();
-  else
-    jaxlab::TheHelpers().Run(&job);
+  jaxlab::RunSized(&job, pr.B * pr.T * pr.KVH * pr.G * keys, kAloneProducts);
 }
 
 ffi::Error PagedAttention(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::S32> pos, ffi::Buffer<ffi::F32> k,

@@ -122,4 +122,13 @@ inline Helpers& TheHelpers() {
 
 inline int Threads() { return 1 + TheHelpers().count(); }
 
+// Runs the job with the helpers, or on the calling thread alone when its size (in the caller's units) is below
+// alone_below: waking a helper would cost more than its share.
+inline void RunSized(Job* job, int64_t size, int64_t alone_below) {
+  if (size < alone_below)
+    job->Work();
+  else
+    TheHelpers().Run(job);
+}
+
 }  // namespace jaxlab
