@@ -206,17 +206,17 @@ def read_slots(q: jax.Array, positions: jax.Array, layer: KVLayer, policy) -> ja
 
 def uses_cpu_kernel(q: jax.Array, layer: KVLayer, policy) -> bool:
     """Whether attention over ``layer`` runs on jaxlab's CPU kernel (:mod:`jaxlab.engine.kernels.cpu`) when the
-    program is lowered for a CPU: a few float32 queries a row over the float32 layout XLA:CPU gets from
-    :func:`key_layout_for` ("ds"), the kernel built and not turned off."""
-    t, hd = q.shape[1], q.shape[-1]
+    program is lowered for a CPU: float32 queries (a decode step's or a prefill's) over the float32 layout XLA:CPU
+    gets from :func:`key_layout_for` ("ds"), the kernel built and not turned off."""
     if policy.dtype != "float32" or q.dtype != jnp.float32 or layer.k_scale is not None or layer.key_layout != "ds":
         return False
-    return layer.k.dtype == jnp.float32 and cpu_kernels.uses_paged_attention(t, hd)
+    return layer.k.dtype == jnp.float32 and cpu_kernels.uses_contiguous_attention(q.shape[-1])
 
 
 def cpu_contiguous(q, positions, k, v, slot_pos, index) -> jax.Array:
     """The contiguous float32 "ds" layer's attention by jaxlab's CPU kernel: q [B, T, KVH, G, Hd] at ``positions``
-    [B, T] -> [B, T, KVH*G*Hd] float32, reading the written slots only (benchmarks/NOTES.md 28); what
+    [B, T] -> [B, T, KVH*G*Hd] float32, each query reading the written slots up to the last it sees
+    (benchmarks/NOTES.md 28, 29); what
     :meth:`KVLayer.attend` computes with XLA, within float32 rounding."""
     b, t = positions.shape
     return cpu_kernels.contiguous_attention(q, positions, k, v, slot_pos, index).reshape(b, t, -1)

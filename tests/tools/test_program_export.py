@@ -2,7 +2,8 @@
 and notebook 07's exercise checkers.
 
 The round trips are real: a program is exported and saved here, then loaded and run by a fresh Python
-process, and its tokens must equal (bitwise) and its logits match (1e-6) the in-process jitted step.
+process, and its tokens must equal (bitwise) and its logits match (1e-6) the in-process jitted step of the same
+code (XLA's: an export never holds jaxlab's CPU kernels).
 Most tests use the ``tiny`` config; one a model read from a file (the embedded SmolLM2-135M's first two layers).
 Notebook 07 runs the whole embedded model's exported step in a fresh process against the golden tokens."""
 
@@ -16,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxlab.engine.kernels import cpu as cpu_kernels
 from jaxlab.engine.kvcache import init_cache
 from jaxlab.errors import ConfigError, ModelFileError
 from jaxlab.lab.exercises import nb07
@@ -38,10 +40,18 @@ def tiny():
     return program_export.tiny_params()
 
 
+def jitted_as_exported(params, prompts, n, cache_len):
+    """Greedy tokens and last logits of the in-process jitted step with the code an export holds: XLA's (on a CPU
+    with AVX-512 a jitted step otherwise runs a decode step's few rows on jaxlab's kernels, whose sums run in
+    another order; ``tests/engine/kernels/test_cpu.py`` compares those with XLA's)."""
+    with cpu_kernels.xla_only():
+        return program_export.greedy_decode(jax.jit(program_export.decode_step), params, prompts, n, cache_len)
+
+
 @pytest.fixture(scope="module")
 def native(tiny):
-    """Greedy tokens and last logits of the in-process jitted step."""
-    return program_export.greedy_decode(jax.jit(program_export.decode_step), tiny, PROMPTS, NEW, CACHE)
+    """Greedy tokens and last logits of the in-process jitted step (the exported program's code)."""
+    return jitted_as_exported(tiny, PROMPTS, NEW, CACHE)
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +94,7 @@ def test_symbolic_batch_serves_every_batch_size(tiny, native):
     assert str(exported.in_avals[len(jax.tree.leaves(tiny))].shape[0]) == "b"
     one = [[5, 6, 7]]
     for prompts, n, want in (
-        (one, 3, program_export.greedy_decode(jax.jit(program_export.decode_step), tiny, one, 3, CACHE)),
+        (one, 3, jitted_as_exported(tiny, one, 3, CACHE)),
         (PROMPTS, NEW, native),
     ):
         got = program_export.greedy_decode(
@@ -193,8 +203,12 @@ def test_file_model_round_trip_in_a_fresh_process(small_model, small, tmp_path, 
     exported = program_export.export_decode_step(small_model.params, batch=1, cache_len=cache_len)
     path = program_export.save(exported, tmp_path / "small_step.jaxexport")
     assert path.stat().st_size < 0.01 * small_model.params.nbytes(), "the weights must not be baked into the file"
-    want = program_export.greedy_decode(jax.jit(program_export.decode_step), small_model.params, [prompt], n, cache_len)
+    want = jitted_as_exported(small_model.params, [prompt], n, cache_len)
     assert len(set(want[0][0].tolist())) > 1, "the tokens do not vary"
+    kernels = program_export.greedy_decode(
+        jax.jit(program_export.decode_step), small_model.params, [prompt], n, cache_len
+    )
+    np.testing.assert_array_equal(kernels[0], want[0])  # this host's step (its kernels, where they run) too
     got = program_export.exported_in_fresh_process(path, [prompt], n, cache_len, model=small)
     np.testing.assert_array_equal(got["tokens"], want[0])
     np.testing.assert_allclose(got["logits"], want[1], rtol=1e-6, atol=1e-6)

@@ -6,14 +6,16 @@ step's few rows is far from what the CPU can do.
   or two rows XLA:CPU's int8 GEMM (YNNPACK) reads the weights at under half of what two cores can stream
   (``benchmarks/NOTES.md`` 15, 26). Integer sums are exact, so it gives **the same bits** as XLA's dot.
 * ``cc/f32_matmul.cc`` — the float32 product ``[R, K] x [K, N]`` of a decode step's rows (a linear layer): each
-  output one multiply-add chain over k whatever the row count (so a row is the same bits alone and among others; one
-  row is XLA's matrix-vector product's bits), register tiles, the columns split over the cores. XLA:CPU's 32-row
-  product uses about one core (NOTES 19); this one both, and streams a one-row product's weights faster (NOTES 28).
+  output two multiply-add chains, over k's two halves, then their sum, whatever the row count (so a row is the same
+  bits alone and among others). Up to 8 rows each of two threads reads one half of the weights front to back, at a
+  plain read's bandwidth (NOTES 29); from 9, register tiles with the columns split over the cores. XLA:CPU's 32-row
+  product uses about one core (NOTES 19); this one both, and streams a one-row product's weights faster (NOTES 28, 29).
 * ``cc/paged_attention.cc`` — attention through the page table for a few queries a row (decode steps): float32
   pages with each page's keys transposed (key layout "ds"), or int8 pages with their scales (key layout "sd"). Each
   page is read where it lies, where XLA:CPU first gathers every row's pages into a copy that it writes at under half
   the copy bandwidth (NOTES 22, 27). The same code reads the contiguous cache's float32 slots ("ds"), 16 at a time,
-  only as far as they are written and masked by their positions, where XLA's reads all of them (NOTES 28). Float
+  masked by their positions, for a decode step's queries and a prefill's alike, each query only as far as the last
+  slot it sees, where XLA's reads all of them (NOTES 28, 29). Float
   sums in another order: float32 pages within float32 rounding of XLA's attention (~3e-7); int8 pages within float32
   rounding of the attention of their dequantized vectors, closer to it than XLA's int8 path, which rounds the queries
   and weights to ~15 bits first (~5e-5). Each row's result is the same bits alone or among others.
@@ -21,7 +23,8 @@ step's few rows is far from what the CPU can do.
 
 Built on first use with the system C++ compiler (``g++`` / ``c++``, a few seconds) into one library in the cache
 folder (``$JAXLAB_CACHE/kernels/<hash>/``, keyed by the sources, the flags and jaxlib), whose targets are registered
-for the CPU platform. Used only where they win (:func:`uses_int8_matmul`, :func:`uses_paged_attention`), only when a
+for the CPU platform. Used only where they win (:func:`uses_int8_matmul`, :func:`uses_f32_matmul`, :func:`uses_paged_attention`,
+:func:`uses_contiguous_attention`), only when a
 program is lowered for the CPU (``jax.lax.platform_dependent``: a program compiled for a TPU or a GPU from this
 process keeps XLA's code), and only where the CPU has AVX-512 BW and VNNI on Linux. Elsewhere, without a compiler or
 with ``JAXLAB_CPU_KERNEL=0``, XLA's code runs, and :func:`status` says why (``jaxlab info`` prints it).
@@ -162,7 +165,7 @@ def status() -> KernelStatus:
     return KernelStatus(
         True,
         f"in use for int8 products of <= {MAX_ROWS} rows, float32 products of <= {MAX_F32_ROWS} rows and attention "
-        f"(paged, or a float32 contiguous cache) of <= {MAX_QUERIES} queries a row",
+        f"(paged: <= {MAX_QUERIES} queries a row; a float32 contiguous cache: any)",
         str(path),
     )
 
@@ -174,7 +177,8 @@ def int8_matmul(xq: jax.Array, q: jax.Array) -> jax.Array:
 
 def f32_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
     """``[R, K] float32 x [K, N] float32 -> [R, N] float32`` by the kernel (CPU only; call :func:`status` first)."""
-    return jax.ffi.ffi_call("jaxlab_f32_matmul", jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), jnp.float32))(x, w)
+    out = jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), jnp.float32)
+    return jax.ffi.ffi_call("jaxlab_f32_matmul", (out, out))(x, w)[0]  # the second: the kernel's scratch
 
 
 def xla_program(fn):
@@ -251,6 +255,14 @@ def on_cpu(kernel, xla):
         return either(*args), jax.jvp(xla, args, tangents)[1]
 
     return call
+
+
+def uses_contiguous_attention(head_dim: int) -> bool:
+    """Whether attention over a float32 contiguous cache with heads of ``head_dim`` runs on the kernel when lowered
+    for a CPU, for any number of queries: each query reads the written slots up to the last it sees, so a prefill's
+    prompt costs about half of XLA's read of every slot (one layer, 128 queries over 256 slots 0.46 against 1.63 ms,
+    512 over 1,024 3.6 against 24; NOTES 29)."""
+    return head_dim <= MAX_HEAD_DIM and in_use()
 
 
 def uses_paged_attention(queries: int, head_dim: int) -> bool:

@@ -224,12 +224,15 @@ def _xla_f32(x, w):
     return default_policy().matmul("ri,io->ro", x, w)  # the model's float32 matmul
 
 
-@pytest.mark.parametrize("k, n", [(1, 1), (5, 17), (130, 600), (576, 576), (576, 192), (576, 1536), (1536, 576)])
+@pytest.mark.parametrize(
+    "k, n", [(1, 1), (5, 17), (9, 33), (130, 600), (576, 576), (576, 192), (576, 1536), (1536, 576)]
+)
 def test_the_f32_product_is_xlas_within_rounding_and_a_row_the_same_bits_at_every_row_count(k, n):
-    """Inner sizes below, at and across the kernel's 128-row k blocks, output sizes that are and are not a multiple of
-    16 columns (masked lanes), the model's shapes; rows 1 to 40 (the tile heights 1-8 and their remainders), a row
-    taken alone or among others in another order gives the same bits; one row is XLA's matrix-vector product's bits
-    at the model's shapes (NOTES 28: both one multiply-add chain over k)."""
+    """Inner sizes below, at and across the kernel's 128-row k blocks and its two halves, output sizes that are and are
+    not a multiple of 16 columns (masked lanes), the model's shapes; rows 1 to 40 (the streamed 1-8 and the tiles'
+    heights and remainders), a row taken alone or among others in another order gives the same bits; one row is the
+    sum of XLA's matrix-vector products of k's two halves at the model's shapes (NOTES 28, 29: each one multiply-add
+    chain over k in order)."""
     _needs_kernel()
     rng = np.random.default_rng(k + n)
     x, w = _f32(rng, 40, k), _f32(rng, k, n)
@@ -239,7 +242,8 @@ def test_the_f32_product_is_xlas_within_rounding_and_a_row_the_same_bits_at_ever
     for rows in ([0], [1, 0], [2, 0, 1], [3, 1, 2, 0], [39, 4, 12, 7, 0], list(range(9)), list(range(17, 40))):
         np.testing.assert_array_equal(np.asarray(kernel(x[np.asarray(rows)], w)), full[rows], err_msg=str(rows))
     if k >= 576:
-        np.testing.assert_array_equal(full[:1], np.asarray(xla(x[:1], w)))
+        h = k // 2 // 4 * 4  # where the kernel's second chain starts (f32_matmul.cc, Half)
+        np.testing.assert_array_equal(full[:1], np.asarray(xla(x[:1, :h], w[:h]) + xla(x[:1, h:], w[h:])))
 
 
 def test_cpu_programs_hold_the_f32_product_for_a_decode_steps_rows_only():
@@ -263,7 +267,7 @@ def test_cpu_programs_hold_the_f32_product_for_a_decode_steps_rows_only():
 
 def test_vmap_and_grad_through_a_kernel_are_xlas():
     """A kernel takes whole arrays and has no derivative: under ``jax.vmap`` the call is XLA's, vmapped, and its
-    gradient is XLA's (the same bits: the gradient of a product does not read the forward's values)."""
+    gradient is XLA's (the same bits, for a loss whose gradient does not read the forward's values)."""
     from jaxlab.engine.model import dense
 
     _needs_kernel()
@@ -273,10 +277,12 @@ def test_vmap_and_grad_through_a_kernel_are_xlas():
     ours = jax.jit(jax.vmap(lambda x: dense(x, w, pol)))
     np.testing.assert_array_equal(np.asarray(ours(x)), np.asarray(jax.jit(jax.vmap(lambda x: _xla_f32(x, w)))(x)))
     assert "jaxlab_f32_matmul" not in ours.lower(x).as_text()
-    loss = jax.jit(jax.grad(lambda x, w: jnp.sum(jnp.sin(dense(x, w, pol))), argnums=(0, 1)))
-    ref = jax.jit(jax.grad(lambda x, w: jnp.sum(jnp.sin(_xla_f32(x.reshape(-1, 16), w))), argnums=(0, 1)))
+    # a loss linear in the product: its gradient reads no forward value (the kernel's forward sums in another order)
+    c = _f32(rng, 2, 24)
+    loss = jax.jit(jax.grad(lambda x, w: jnp.sum(c * dense(x, w, pol)), argnums=(0, 1)))
+    ref = jax.jit(jax.grad(lambda x, w: jnp.sum(c * _xla_f32(x.reshape(-1, 16), w)), argnums=(0, 1)))
     for a, b in zip(loss(x[0], w), ref(x[0], w)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-6, atol=1e-6)  # cos() of the forward's values
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def _contiguous_case(rng, b, t, kvh, g, hd, s, written):
@@ -308,6 +314,8 @@ def _contiguous_kernel(q, pos, layer):
         (2, 5, 1, 5, 16, 64, 50),  # a speculative step's five queries
         (4, 1, 3, 3, 64, 256, 192),  # SmolLM2's heads, the bench's context
         (1, 1, 2, 2, 128, 96, 17),  # the widest head
+        (2, 24, 2, 3, 16, 64, 40),  # a prompt's last 24 positions: each query sees the slots up to its own
+        (1, 48, 3, 3, 64, 64, 48),  # a whole prompt's prefill, SmolLM2's heads
     ],
 )
 def test_contiguous_attention_is_xlas_read_of_the_slots(b, t, kvh, g, hd, s, written):
@@ -338,9 +346,9 @@ def test_a_rows_contiguous_attention_is_the_same_bits_alone_and_among_others():
         np.testing.assert_array_equal(np.asarray(kernel(q[rows], pos[rows], part)), full[rows])
 
 
-def test_cpu_programs_read_the_contiguous_cache_on_the_kernel_for_few_queries_only():
-    """A float32 "ds" layer's decode steps (<= 8 queries a row) hold the kernel; a prefill's many queries, the
-    Pallas kernels' layout "sd", an int8 layer, ``jax.vmap`` and a program lowered for a TPU keep XLA's read."""
+def test_cpu_programs_read_the_contiguous_cache_on_the_kernel_for_any_queries():
+    """A float32 "ds" layer's decode steps and prefills (1 to 64 queries a row) hold the kernel; the Pallas kernels'
+    layout "sd", an int8 layer, ``jax.vmap`` and a program lowered for a TPU keep XLA's read."""
     from jaxlab.engine.kvcache import init_cache, read_slots
     from jaxlab.io.config import tiny
 
@@ -348,9 +356,9 @@ def test_cpu_programs_read_the_contiguous_cache_on_the_kernel_for_few_queries_on
     pol = default_policy()
     rng = np.random.default_rng(0)
     f = jax.jit(lambda q, pos, layer: layer.attend(q, pos, pol))
-    for t, expect in [(1, True), (8, True), (9, False)]:
-        q, pos, layer = _contiguous_case(rng, 2, t, 2, 3, 10, 32, 20)
-        assert ("jaxlab_contiguous_attention" in f.lower(q, pos, layer).as_text()) == expect, t
+    for t in (1, 8, 9, 64):
+        q, pos, layer = _contiguous_case(rng, 2, t, 2, 3, 10, 80, 70)
+        assert "jaxlab_contiguous_attention" in f.lower(q, pos, layer).as_text(), t
         assert "custom_call" not in f.trace(q, pos, layer).lower(lowering_platforms=("tpu",)).as_text()
     cfg = tiny()
     q, pos, _ = _contiguous_case(rng, 2, 1, cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, cfg.head_dim, 32, 20)
