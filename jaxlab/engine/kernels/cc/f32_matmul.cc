@@ -9,9 +9,9 @@
 // are read by two threads, each front to back, kStreamK rows of w at a time against every row's chains kept in L1:
 // a one-row product then reads its weights at a plain read's bandwidth (NOTES 29; column tiles, each thread reading
 // every row of w in pieces, were 25-40 % slower). From kStreamRows + 1 rows, a tile of rows x 16 NB columns keeps its
-// accumulators in registers (kTileNB = 3, 8 rows a block); k is walked in blocks of kKBlock
-// rows so every row block reads a tile's rows of w from L1; the columns' tiles are split over the threads (threads.h).
-// The second chains go to z, a scratch output of the call.
+// accumulators in registers (kTileNB = 3, 8 rows a block); k is walked in blocks of kKBlock rows so every row block
+// reads a tile's rows of w from L1; the columns' tiles are split over the threads (threads.h). The second chains go
+// to z, a scratch output of the call.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -37,6 +37,14 @@ constexpr int64_t kAloneProducts = 1 << 16;
 // the lanes of a 16-float vector that hold one of the next ``left`` columns
 inline __mmask16 Mask(int64_t left) {
   return left >= 16 ? 0xFFFF : left <= 0 ? 0 : static_cast<__mmask16>((1u << left) - 1);
+}
+
+// y[i] += z[i] for i < n: the second chains added to the first
+inline void AddInto(float* y, const float* z, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = Mask(n - i);
+    _mm512_mask_storeu_ps(y + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + i), _mm512_maskz_loadu_ps(m, z + i)));
+  }
 }
 
 // rows [r0, r0 + MB), columns [n0, n0 + 16 NB) (masked at N), k in [k0, k1): the chains go on from y unless fresh
@@ -119,13 +127,7 @@ void TileColumns(const Product& p, int64_t n0) {
     }
   }
   const int64_t n1 = std::min(p.N, n0 + 16 * NB);
-  for (int64_t r = 0; r < p.R; ++r)
-    for (int64_t n = n0; n < n1; n += 16) {
-      const __mmask16 m = Mask(n1 - n);
-      float* y = p.y + r * p.N + n;
-      const __m512 sum = _mm512_add_ps(_mm512_maskz_loadu_ps(m, y), _mm512_maskz_loadu_ps(m, p.z + r * p.N + n));
-      _mm512_mask_storeu_ps(y, m, sum);
-    }
+  for (int64_t r = 0; r < p.R; ++r) AddInto(p.y + r * p.N + n0, p.z + r * p.N + n0, n1 - n0);
 }
 
 // A few rows: k rows [k0, k1) of columns [c0, c1), read in order (a thread's half of w is one stream), kStreamK rows
@@ -208,11 +210,7 @@ ffi::Error Matmul(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w, ffi::ResultB
     Product p{x.typed_data(), w.typed_data(), out, part, R, K, N, Half(K), columns};
     jaxlab::Job job(StreamChunk, &p, 2 * ((N + columns - 1) / columns));
     jaxlab::RunSized(&job, R * K * N, kAloneProducts);
-    for (int64_t i = 0; i < R * N; i += 16) {  // the two chains' sum
-      const __mmask16 m = Mask(R * N - i);
-      const __m512 sum = _mm512_add_ps(_mm512_maskz_loadu_ps(m, out + i), _mm512_maskz_loadu_ps(m, part + i));
-      _mm512_mask_storeu_ps(out + i, m, sum);
-    }
+    AddInto(out, part, R * N);
     return ffi::Error::Success();
   }
   const int64_t tile = 16 * kTileNB, tiles = (N + tile - 1) / tile;
