@@ -35,6 +35,10 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+#: Loaded weights stay on XLA's own pages in the tests and the processes they start (jaxlab.engine.hugepages): on
+#: this project's VMs the kernel takes ~1.5 s to hand a process 540 MB of fresh 2 MB pages, paid by every load,
+#: and a page's size changes no result. tests/engine/test_hugepages.py turns them on and checks them.
+os.environ.setdefault("JAXLAB_HUGE_PAGES", "0")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

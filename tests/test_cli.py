@@ -243,9 +243,11 @@ def test_info(capsys):
     assert d["device_kind"] == "cpu" and d["chip"] is None
     assert d["peaks"] == "CPU: no published peak; see `jaxlab bench` for measured ceilings"
     assert (d["numerics"]["dtype"], d["numerics"]["precision"]) == ("float32", "highest")
+    from jaxlab.engine import hugepages
     from jaxlab.engine.kernels import cpu as cpu_kernels
 
     assert d["cpu_kernels"] == cpu_kernels.status().reason
+    assert d["huge_pages"] == hugepages.status().reason
 
 
 def test_info_prints_the_chip_and_its_peaks(capsys, monkeypatch):
@@ -255,7 +257,7 @@ def test_info_prints_the_chip_and_its_peaks(capsys, monkeypatch):
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert "chip          cpu" in out and "peaks         CPU: no published peak" in out
-    assert "CPU kernels   " in out
+    assert "CPU kernels   " in out and "huge pages    " in out
     # on an accelerator: the chip's published peaks (faked device kind), in --json and in the text
     d = about.info()
     chip = hardware.CHIPS["TPU v5e"]

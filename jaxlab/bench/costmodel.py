@@ -14,6 +14,33 @@ def bandwidth_roofline_pct(bytes_per_step: float, step_seconds: float, bandwidth
     return 100.0 * bytes_per_step / step_seconds / bandwidth
 
 
+def measure_read_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> float | None:
+    """Bytes/s of the best of ``repeats`` reads of a float32 array of ``nbytes`` (1 GiB: far beyond any cache) by
+    jaxlab's CPU kernel threads (:func:`jaxlab.engine.kernels.cpu.read_sum`: each thread sums its chunks front to
+    back), the array placed as the weights are (:func:`jaxlab.engine.hugepages.put`: 2 MB pages where the host gives
+    them). What a decode step, which reads its weights and writes almost nothing, can at most stream. None where
+    the kernels do not run (another backend or CPU: the copy's bandwidth is the only ceiling there)."""
+    import time
+
+    import jax
+    import numpy as np
+
+    from jaxlab.engine import hugepages
+    from jaxlab.engine.kernels import cpu as cpu_kernels
+
+    if jax.default_backend() != "cpu" or not cpu_kernels.status().available:
+        return None
+    x = hugepages.put(np.ones(max(1, nbytes // 4), np.float32))
+    read = jax.jit(cpu_kernels.read_sum)
+    jax.block_until_ready(read(x))  # compile + a first read
+    best = float("inf")
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        jax.block_until_ready(read(x))
+        best = min(best, time.perf_counter() - t0)
+    return x.nbytes / best
+
+
 def compute_pct(flops: float, seconds: float, peak_flops: float) -> float:
     """Achieved FLOP/s as % of the matmul ceiling."""
     return 100.0 * flops / seconds / peak_flops
@@ -118,6 +145,8 @@ class Ceilings:
         "each sample is the best of max(3, reps) synchronized runs; samples are taken at the start, after "
         "the compile warm-up and at the end of the run, and the ceiling is the largest (the best this machine "
         "showed during the run); bandwidth = (read + write bytes) / time of a donated x + 1 over float32 x; "
+        "read bandwidth (CPU, with jaxlab's kernels) = bytes / time of the best of 5 reads of the same size by the "
+        "kernels' threads, the array in 2 MB pages where the host gives them (measure_read_bandwidth); "
         "compute = 2 n^3 / time of an n x n float32 matmul at Precision.HIGHEST (and the same in bfloat16, "
         "float32 accumulation: what accelerators publish their peaks in; XLA:CPU computes it in float32); "
         "published = the chip's datasheet peaks per jax device (jaxlab.tools.hardware), None on a CPU"
@@ -128,6 +157,7 @@ class Ceilings:
         self.n = opts.matmul_n
         self.repeats = max(3, opts.reps)
         self.bandwidth: list[float] = []
+        self.read: list[float] = []
         self.matmul: list[float] = []
         self.matmul_bf16: list[float] = []
 
@@ -144,6 +174,9 @@ class Ceilings:
         from jaxlab.tools import profile
 
         self.bandwidth.append(profile.measure_bandwidth(self.copy_bytes, repeats=self.repeats))
+        read = measure_read_bandwidth(self.copy_bytes, repeats=max(5, self.repeats))
+        if read is not None:
+            self.read.append(read)
         self.sample_matmul()
         self.matmul_bf16.append(profile.measure_matmul_flops(self.n, jnp.bfloat16, repeats=self.repeats))
 
@@ -153,6 +186,8 @@ class Ceilings:
             "bandwidth_bytes_per_s": max(self.bandwidth),
             "bandwidth_samples": self.bandwidth,
             "bandwidth_copy_bytes": self.copy_bytes,
+            "read_bandwidth_bytes_per_s": max(self.read) if self.read else None,
+            "read_bandwidth_samples": self.read,
             "matmul_flops_per_s": max(self.matmul),
             "matmul_samples": self.matmul,
             "matmul_n": self.n,
@@ -194,6 +229,8 @@ def add_quant_rooflines(rows: list[dict], ceilings: dict) -> None:
     for r in rows:
         step_s = r["step_s"]["median"]
         r["bw_roofline_pct"] = bandwidth_roofline_pct(r["bytes_per_step"], step_s, ceilings["bandwidth_bytes_per_s"])
+        read = ceilings.get("read_bandwidth_bytes_per_s")
+        r["read_roofline_pct"] = bandwidth_roofline_pct(r["bytes_per_step"], step_s, read) if read else None
         r["published_bw_pct"] = (
             bandwidth_roofline_pct(r["bytes_per_step"], step_s, pub["bandwidth_bytes_per_s"]) if pub else None
         )

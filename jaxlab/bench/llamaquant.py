@@ -10,6 +10,11 @@ Q4_1 file itself. :func:`compare` puts the two stacks side by side at batch 1: e
 in tokens/s (the best repetition of each: the one least disturbed by other work on a shared machine), jaxlab's
 over llama.cpp's (``ratio``: < 1, quantized models run slower locally in jaxlab), and what quantization buys each
 over its own float32 (the baselines differ: on a CPU jaxlab's float32 step is the faster one).
+
+Where the run measures batches above 1, ``llama-batched-bench`` (built beside llama-bench by ``make llama-cpp``) times
+the two quantized files with that many sequences decoding at once (``-npl``; one prompt of the bench's length shared by
+every sequence, ``-pps``, so the run is not spent on prefill; the decode steps attend over prompt + generated tokens
+as jaxlab's rows do), best of up to 3 runs; :func:`compare` puts each batch side by side too (``batched``).
 """
 
 from __future__ import annotations
@@ -24,6 +29,10 @@ from jaxlab.errors import InvalidRequestError
 
 QTYPES = ("F32", "Q8_0", "Q4_1")  # the baseline first
 WHAT = "llama.cpp llama-bench, token generation (batch 1, no prompt), F32 / Q8_0 / Q4_1 GGUFs of the same model"
+WHAT_BATCHED = (
+    "llama.cpp llama-batched-bench, text generation of -npl sequences at once after one shared prompt (-pps), "
+    "Q8_0 / Q4_1 GGUFs of the same model"
+)
 
 
 def llama_bench_path() -> Path:
@@ -47,9 +56,21 @@ def resolve_llama_bench(value: str | None) -> str | None:
     return str(path)
 
 
-def measure_llama_quant(bench: str, params, tokenizer, gguf: Path, new_tokens: int, reps: int, threads: int, log):
+def measure_llama_quant(
+    bench: str,
+    params,
+    tokenizer,
+    gguf: Path,
+    new_tokens: int,
+    reps: int,
+    threads: int,
+    log,
+    batch_sizes: tuple[int, ...] = (),
+    prompt_len: int = 128,
+):
     """Tokens/s of llama.cpp's token generation for each of :data:`QTYPES` -> ``{"what", "argv", "tok_s",
-    "stddev", "vs_F32"}``. The F32 and Q8_0 files are written to a temporary folder and removed afterwards."""
+    "stddev", "vs_F32"}``, and with ``batch_sizes`` above 1 llama-batched-bench's (``"batched"``:
+    :func:`measure_batched`). The F32 and Q8_0 files are written to a temporary folder and removed afterwards."""
     from jaxlab.io.export import export_gguf
 
     with tempfile.TemporaryDirectory(prefix="jaxlab-llama-quant-") as folder:
@@ -62,11 +83,62 @@ def measure_llama_quant(bench: str, params, tokenizer, gguf: Path, new_tokens: i
         for q in QTYPES:
             argv += ["-m", str(files[q])]
         log(f"llama.cpp peer: {' '.join(Path(a).name if a.startswith(folder) else a for a in argv)}")
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=3600)
+        out = parse(_run(argv), {q: Path(f).name for q, f in files.items()}, argv)
+        many = tuple(b for b in batch_sizes if b > 1)
+        if many:
+            batched = str(Path(bench).with_name("llama-batched-bench"))
+            quantized = {q: f for q, f in files.items() if q != "F32"}  # F32 at 32 rows: minutes, and no target
+            out["batched"] = measure_batched(
+                batched, quantized, many, prompt_len, new_tokens, min(reps, 3), threads, log
+            )
+    return out
+
+
+def _run(argv: list[str]) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        raise RuntimeError(f"llama-bench exited with {done.returncode}: {' | '.join(tail)}")
-    return parse(done.stdout, {q: Path(f).name for q, f in files.items()}, argv)
+        raise RuntimeError(f"{Path(argv[0]).name} exited with {done.returncode}: {' | '.join(tail)}")
+    return done.stdout
+
+
+def measure_batched(
+    batched: str, files: dict, batch_sizes: tuple[int, ...], prompt_len: int, new_tokens: int, reps: int, threads, log
+) -> dict:
+    """llama-batched-bench on each file at each of ``batch_sizes`` -> ``{"what", "argv", "tok_s": {qtype: {batch:
+    best tokens/s}}, "samples": {qtype: {batch: [every run's]}}}``: tokens/s is the generated tokens of all sequences
+    over the generation's time (its ``speed_tg``), best of ``reps`` runs."""
+    if not (Path(batched).is_file() and os.access(batched, os.X_OK)):
+        raise RuntimeError(f"{batched} is missing: rebuild llama.cpp with `make llama-cpp`")
+    ctx = max(batch_sizes) * (prompt_len + new_tokens)  # room for every sequence, whether the cache is unified or not
+    npl = ",".join(map(str, batch_sizes))
+    base = [batched, "-c", str(ctx), "-npp", str(prompt_len), "-ntg", str(new_tokens), "-npl", npl, "-pps"]
+    base += ["-t", str(threads), "--output-format", "jsonl"]
+    samples: dict[str, dict[int, list[float]]] = {}
+    for rep in range(reps):
+        for q, f in files.items():
+            log(f"llama.cpp peer: llama-batched-bench {q}, batches {npl}, run {rep + 1}/{reps}")
+            for b, v in parse_batched(_run([*base, "-m", str(f)])).items():
+                samples.setdefault(q, {}).setdefault(b, []).append(v)
+    return {
+        "what": WHAT_BATCHED,
+        "argv": [Path(a).name if i == 0 else a for i, a in enumerate(base)] + ["-m", "<file>"],
+        "tok_s": {q: {b: max(v) for b, v in per.items()} for q, per in samples.items()},
+        "samples": samples,
+    }
+
+
+def parse_batched(stdout: str) -> dict[int, float]:
+    """llama-batched-bench's JSON lines -> {sequences: text-generation tokens/s} (its ``pl`` and ``speed_tg``)."""
+    out = {}
+    for line in stdout.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            r = json.loads(line)
+            out[int(r["pl"])] = float(r["speed_tg"])
+    if not out:
+        raise RuntimeError("llama-batched-bench printed no result line")
+    return out
 
 
 def parse(stdout: str, names: dict[str, str], argv: list[str]) -> dict:
@@ -105,14 +177,35 @@ def compare(jaxlab_rows: list[dict], peer: dict) -> dict:
         raise RuntimeError("no jaxlab rows at batch 1 with the float32 cache: add 1 to --quant-batch-sizes")
     theirs = {q: peer["best_tok_s"][q] for q in QTYPES[1:]}
     best_ours, best_peer = max(ours, key=ours.get), max(theirs, key=theirs.get)
-    return {
+    out = {
         "tok_s": {"jaxlab": rows, "llama_cpp": dict(peer["best_tok_s"])},
         "jaxlab": {w: v / rows["float32"] for w, v in ours.items()},
         "llama_cpp": peer["vs_F32"],
         "best_jaxlab": [best_ours, ours[best_ours]],
         "best_llama_cpp": [best_peer, theirs[best_peer]],
         "ratio": ours[best_ours] / theirs[best_peer],
+        # the CPU-speed issue's batch-1 yardstick: int8 reads 1.4x Q4_1's bytes
+        "int8_vs_q4_1": ours["int8"] / theirs["Q4_1"] if "int8" in ours else None,
     }
+    batched = peer.get("batched")
+    if batched:
+        out["batched"] = {}
+        for b in sorted({b for per in batched["tok_s"].values() for b in map(int, per)}):
+            mine = {r["label"]: best(r) for r in jaxlab_rows if r["batch"] == b and r["weights"] != "float32"}
+            per_b = {q: {int(k): v for k, v in per.items()} for q, per in batched["tok_s"].items()}  # JSON: str keys
+            peer_b = {q: per[b] for q, per in per_b.items() if b in per}
+            peer_q = {q: v for q, v in peer_b.items() if q != "F32"}
+            if not mine or not peer_q:
+                continue
+            top, top_peer = max(mine, key=mine.get), max(peer_q, key=peer_q.get)
+            out["batched"][b] = {
+                "jaxlab": mine,
+                "llama_cpp": peer_b,
+                "best_jaxlab": [top, mine[top]],
+                "best_llama_cpp": [top_peer, peer_q[top_peer]],
+                "ratio": mine[top] / peer_q[top_peer],
+            }
+    return out
 
 
 def render(q: dict) -> str:
@@ -134,4 +227,16 @@ def render(q: dict) -> str:
         f"{c['best_llama_cpp'][0]} {c['best_llama_cpp'][1]:.1f} tok/s; jaxlab / llama.cpp = {c['ratio']:.2f} "
         "(< 1: slower in jaxlab)"
     )
+    if c.get("int8_vs_q4_1") is not None:
+        lines.append(f"  jaxlab int8 / llama.cpp Q4_1 = {c['int8_vs_q4_1']:.2f} (int8 reads 1.4x Q4_1's bytes)")
+    if c.get("batched"):
+        lines.append(f"Quantized decode at batch > 1, best run of each ({p['batched']['what']}; "
+                     f"`{' '.join(p['batched']['argv'])}`)")  # fmt: skip
+        for b, row in c["batched"].items():
+            ours = ", ".join(f"{k} {v:.0f}" for k, v in row["jaxlab"].items())
+            theirs = ", ".join(f"{k} {v:.0f}" for k, v in row["llama_cpp"].items())
+            lines.append(
+                f"  batch {b}: jaxlab {ours}; llama.cpp {theirs} tok/s; fastest quantized: jaxlab "
+                f"{row['best_jaxlab'][0]} / llama.cpp {row['best_llama_cpp'][0]} = {row['ratio']:.2f}"
+            )
     return "\n".join(lines)

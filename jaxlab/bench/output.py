@@ -65,11 +65,13 @@ def host_meta(**extra) -> dict:
     import time
 
     from jaxlab.bench.harness import cpu_name, versions
+    from jaxlab.engine import hugepages
     from jaxlab.engine.kernels import cpu as cpu_kernels
 
     return {"cpu": cpu_name(), "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "versions": versions(), "load_average": os.getloadavg(),
-            "cpu_kernels": cpu_kernels.status().reason, **extra}  # fmt: skip
+            "cpu_kernels": cpu_kernels.status().reason, "huge_pages": hugepages.status().reason,
+            **extra}  # fmt: skip
 
 
 def target_status_lines(targets: list[dict]) -> str:

@@ -32,6 +32,10 @@ def render_quant(q: dict) -> str:
         for r in q["rows"]
     ]
     headers = ["variant", "batch", "step ms", "tok/s", "vs float32", "bytes/step", "% BW roofline", "compile s"]
+    if any(r.get("read_roofline_pct") is not None for r in q["rows"]):  # a read's ceiling: the step only reads
+        headers.insert(7, "% read roofline")
+        for row, r in zip(rows, q["rows"]):
+            row.insert(7, fmt_pct(r.get("read_roofline_pct")))
     if any(r.get("published_bw_pct") is not None for r in q["rows"]):
         headers.insert(7, "% published memory BW")
         for row, r in zip(rows, q["rows"]):

@@ -51,8 +51,15 @@ def render(res: dict) -> str:
         ),
         f"threads     XLA {xla_threads}; {torch_threads}",
         f"ceilings    bandwidth {ceil['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s (read+write of a {fmt_bytes(ceil['bandwidth_copy_bytes'])} "
-        f"copy; samples {', '.join(f'{x / 1e9:.1f}' for x in ceil['bandwidth_samples'])}), matmul "
-        f"{ceil['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s ({ceil['matmul_n']}^2 float32; samples "
+        f"copy; samples {', '.join(f'{x / 1e9:.1f}' for x in ceil['bandwidth_samples'])}"
+        + (
+            f"; a read {ceil['read_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, samples "
+            f"{', '.join(f'{x / 1e9:.1f}' for x in ceil['read_bandwidth_samples'])}"
+            if ceil.get("read_bandwidth_bytes_per_s")
+            else ""
+        )
+        + "), matmul "
+        + f"{ceil['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s ({ceil['matmul_n']}^2 float32; samples "
         f"{', '.join(f'{x / 1e9:.0f}' for x in ceil['matmul_samples'])}); best sample of the run; "
         f"ridge {ceil['ridge_flop_per_byte']:.1f} FLOP/B"
         + (

@@ -37,6 +37,7 @@ def run_bench(opts: Options, log=None) -> dict:
     import jax
 
     from jaxlab import __version__
+    from jaxlab.engine import hugepages
     from jaxlab.engine.kernels import cpu as cpu_kernels
     from jaxlab.engine.loading import load_model
     from jaxlab.engine.plan import CACHE_BUCKETS, bucket
@@ -107,6 +108,8 @@ def run_bench(opts: Options, log=None) -> dict:
         "load_average_start": os.getloadavg(),
         "persistent_compile_cache": jax.config.jax_compilation_cache_dir,
         "cpu_kernels": cpu_kernels.status().reason,  # whether jaxlab's own CPU kernels ran the few-row steps
+        "huge_pages": hugepages.status().reason,  # whether the weights lie in 2 MB pages
+        "huge_page_mib": round((hugepages.huge_page_bytes() or 0) / 2**20),  # this process's, after loading
         "model": "SmolLM2-135M-Instruct (embedded GGUF, Q4_1 dequantized)"
         if opts.model is None
         else f"{m.source} (float32)",
@@ -135,6 +138,8 @@ def run_bench(opts: Options, log=None) -> dict:
             reps=max(opts.reps, 5),
             threads=res["meta"]["cpus"],
             log=log,
+            batch_sizes=opts.quant_batch_sizes,
+            prompt_len=opts.prompt_len,
         )
         res["quant"]["llama_cpp_vs_jaxlab"] = llamaquant.compare(res["quant"]["rows"], peer)
     res["quality"] = None

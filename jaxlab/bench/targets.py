@@ -27,6 +27,10 @@ TARGETS = (
     ),
     ("quant_b32_best", "quantized decode batch 32 >= 2x float32 (best format)", ">=", 2.0, "x"),
     ("quant_b1_best", "quantized decode batch 1 >= 1.3x float32 (best format)", ">=", 1.3, "x"),
+    # the CPU-speed issue's, beside llama.cpp (--llama-bench) and against the read-bandwidth ceiling
+    ("quant_b32_vs_llama", "quantized decode batch 32 >= 1.0x llama.cpp (fastest of each)", ">=", 1.0, "x"),
+    ("int8_b1_vs_llama_q4_1", "int8 decode batch 1 >= 0.55x llama.cpp Q4_1", ">=", 0.55, "x"),
+    ("int8_b1_read_pct", "int8 decode batch 1 >= 60 % of its read-bandwidth roofline", ">=", 60.0, "%"),
 )
 #: Speed targets whose format must also meet the quality targets: (batch, key of the speed target).
 QUALITY_LINKED = ((32, "quant_b32_best"), (1, "quant_b1_best"))
@@ -44,6 +48,9 @@ def headline_metrics(res: dict) -> dict:
     ttft = res.get("ttft")
     qrows = (res.get("quant") or {}).get("rows", [])
     best = {b: best_at_batch(qrows, b) for b in (1, 32)}
+    vs_llama = (res.get("quant") or {}).get("llama_cpp_vs_jaxlab") or {}
+    b32 = (vs_llama.get("batched") or {}).get(32) or (vs_llama.get("batched") or {}).get("32")
+    int8_b1 = next((r for r in qrows if (r["weights"], r["kv_cache"], r["batch"]) == ("int8", "float32", 1)), None)
     return {
         "decode_b1_vs_peer": dec[1]["vs_peer"] if 1 in dec else None,
         "decode_b1_bw_pct": dec[1]["bw_roofline_pct"] if 1 in dec else None,
@@ -57,6 +64,12 @@ def headline_metrics(res: dict) -> dict:
         "quant_b32_best_label": best[32]["label"] if best[32] else None,
         "quant_b1_best": best[1]["vs_float32"] if best[1] else None,
         "quant_b1_best_label": best[1]["label"] if best[1] else None,
+        "quant_b32_vs_llama": b32["ratio"] if b32 else None,
+        "quant_b32_vs_llama_label": f"jaxlab {b32['best_jaxlab'][0]}, llama.cpp {b32['best_llama_cpp'][0]}"
+        if b32
+        else None,
+        "int8_b1_vs_llama_q4_1": vs_llama.get("int8_vs_q4_1"),
+        "int8_b1_read_pct": int8_b1.get("read_roofline_pct") if int8_b1 else None,
     }
 
 

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxlab.engine import hugepages
 from jaxlab.engine.kernels import cpu as cpu_kernels
 from jaxlab.engine.kernels.common import compute_capability, gpu_too_old, rows_alike
 from jaxlab.engine.kvcache import KVCache, KVLayer
@@ -563,7 +564,7 @@ def params_from_flat(
         elif not isinstance(arr, QuantizedMatrix):
             arr = np.asarray(arr, dtype=dtype)
         arrays.append(arr)
-    arrays = jax.device_put(arrays)  # one transfer for the whole tree
+    arrays = hugepages.put(arrays)  # one transfer for the whole tree, the host's weights in 2 MB pages
     state = nnx.from_flat_state([(p, var.replace(a)) for (p, var), a in zip(flat_state, arrays)])
     return Params(graphdef, state)
 

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxlab.engine import hugepages
 from jaxlab.engine.model import Params, forward, param_name
 from jaxlab.errors import ConfigError
 from jaxlab.io.assets import data_file
@@ -144,7 +145,7 @@ def quantize_params(
 
     out = _each_matrix(params, fmt, embed, quantize)
     bar.close()
-    return out
+    return Params(out.graphdef, hugepages.put(out.state))  # on a CPU in 2 MB pages, as loaded weights are
 
 
 def quantized_shapes(params, fmt: str, group: int = DEFAULT_GROUP, *, embed: str | None = None):

@@ -6,7 +6,6 @@ import json
 import os
 from pathlib import Path
 
-import jax.numpy as jnp
 import numpy as np
 
 from jaxlab.engine.model import params_from_flat
@@ -63,8 +62,8 @@ def load(path: Path, policy=None):
     except Exception as e:
         raise ModelFileError(f"quantized parameter file {path} is unreadable ({e}); delete it to rebuild") from None
 
-    def part(key):
-        return jnp.asarray(arrays[key]) if key in arrays else None
+    def part(key):  # host arrays: params_from_flat places them (jaxlab.engine.hugepages)
+        return arrays.get(key)
 
     flat = {}
     for name, (mfmt, group) in groups.items():

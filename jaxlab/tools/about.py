@@ -15,6 +15,7 @@ def info() -> dict:
 
     import jax
 
+    from jaxlab.engine import hugepages
     from jaxlab.engine.kernels import cpu as cpu_kernels
     from jaxlab.engine.mesh import describe_mesh
     from jaxlab.engine.model import backend_numerics, default_policy
@@ -67,6 +68,7 @@ def info() -> dict:
         "quant_formats": list(FORMATS),
         "kv_cache_formats": list(KV_FORMATS),
         "cpu_kernels": cpu_kernels.status().reason,  # jaxlab's own int8 product and paged attention on a CPU
+        "huge_pages": hugepages.status().reason,  # whether loaded weights lie in 2 MB pages (jaxlab.engine.hugepages)
     }
 
 
@@ -93,6 +95,7 @@ def format_info(d: dict) -> str:
         f"--kv-cache {', '.join(d['kv_cache_formats'])}"
     )
     lines.append(f"  CPU kernels   {d['cpu_kernels']}")
+    lines.append(f"  huge pages    {d['huge_pages']}")
     if d["xla_flags"]:
         lines.append(f"  XLA_FLAGS     {d['xla_flags']}")
     return "\n".join(lines) + "\n"

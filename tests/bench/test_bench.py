@@ -126,6 +126,9 @@ def test_evaluate_targets_on_hand_made_numbers():
         "compile_max_s": 3.5,
         "ttft_warm_s": 0.4,
         "speculative_copy_speedup": 0.0,  # tokens not identical -> 0 -> MISS
+        "quant_b32_vs_llama": 1.02,
+        "int8_b1_vs_llama_q4_1": 0.54,
+        "int8_b1_read_pct": None,  # no read ceiling (another backend)
     }
     got = {t["key"]: t["status"] for t in targets.evaluate_targets(metrics)}
     assert got == {
@@ -139,6 +142,9 @@ def test_evaluate_targets_on_hand_made_numbers():
         "speculative_copy_speedup": "MISS",
         "quant_b32_best": "MISS",
         "quant_b1_best": "PASS",
+        "quant_b32_vs_llama": "PASS",
+        "int8_b1_vs_llama_q4_1": "MISS",
+        "int8_b1_read_pct": "n/a",
     }
     assert all(t["status"] == "n/a" for t in targets.evaluate_targets({}))
     nan = {t["key"]: t["status"] for t in targets.evaluate_targets({"ttft_warm_s": float("nan")})}
@@ -148,7 +154,8 @@ def test_evaluate_targets_on_hand_made_numbers():
     assert lines[0].startswith("PASS") and "1.40x" in lines[0]
     assert lines[1].startswith("MISS") and "84.9 %" in lines[1]
     assert lines[2].startswith("n/a") and "not measured" in lines[2]
-    assert lines[-1] == "PASS  quantized decode batch 1 >= 1.3x float32 (best format): measured 1.30x (int8 + int8 KV)"
+    assert lines[-4] == "PASS  quantized decode batch 1 >= 1.3x float32 (best format): measured 1.30x (int8 + int8 KV)"
+    assert lines[-3] == "PASS  quantized decode batch 32 >= 1.0x llama.cpp (fastest of each): measured 1.02x"
 
 
 def test_copy_heavy_speedup_counts_only_identical_tokens():
@@ -192,6 +199,10 @@ def test_headline_metrics_pick_the_right_numbers():
         "quant_b32_best_label": None,
         "quant_b1_best": None,
         "quant_b1_best_label": None,
+        "quant_b32_vs_llama": None,
+        "quant_b32_vs_llama_label": None,
+        "int8_b1_vs_llama_q4_1": None,
+        "int8_b1_read_pct": None,
     }
     assert targets.headline_metrics({"decode": [], "compile": [], "ttft": None})["ttft_warm_s"] is None
     # a --quant-only run: no float32 rows, quantized rows only
@@ -201,6 +212,12 @@ def test_headline_metrics_pick_the_right_numbers():
     assert (m["quant_b1_best"], m["quant_b1_best_label"]) == (1.8, "int8")
     assert (m["quant_b32_best"], m["quant_b32_best_label"]) == (1.4, "w8a8")
     assert m["decode_b1_vs_peer"] is None and m["prefill_vs_peer"] is None
+    # beside llama.cpp (--llama-bench; the batches as JSON keys after a round trip) and the read ceiling
+    rows = [{**r, "read_roofline_pct": 40.0 + r["batch"]} for r in QUANT_ROWS]
+    vs = {"int8_vs_q4_1": 0.6, "batched": {"32": {"ratio": 1.1, "best_jaxlab": ["int8"], "best_llama_cpp": ["Q4_1"]}}}
+    m = targets.headline_metrics({"decode": [], "compile": [], "quant": {"rows": rows, "llama_cpp_vs_jaxlab": vs}})
+    assert (m["quant_b32_vs_llama"], m["quant_b32_vs_llama_label"]) == (1.1, "jaxlab int8, llama.cpp Q4_1")
+    assert m["int8_b1_vs_llama_q4_1"] == 0.6 and m["int8_b1_read_pct"] == 41.0
 
 
 # --------------------------------------------------------------------------------------------------

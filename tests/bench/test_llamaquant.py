@@ -80,3 +80,69 @@ def test_resolve_llama_bench(tmp_path):
     exe.write_text("#!/bin/sh\n")
     exe.chmod(0o755)
     assert llamaquant.resolve_llama_bench(str(exe)) == str(exe)
+
+
+def _batched_lines(speeds: dict[int, float]) -> str:
+    head = "main: n_kv_max = 6144\n"  # llama-batched-bench prints its settings before the JSON lines
+    return head + "\n".join(
+        json.dumps({"pp": 128, "tg": 64, "pl": b, "is_pp_shared": 1, "speed_tg": v, "speed_pp": 100.0})
+        for b, v in speeds.items()
+    )
+
+
+def test_parse_batched_reads_each_batch():
+    assert llamaquant.parse_batched(_batched_lines({8: 80.5, 32: 130.0})) == {8: 80.5, 32: 130.0}
+    with pytest.raises(RuntimeError, match="no result line"):
+        llamaquant.parse_batched("main: n_kv_max = 6144\n")
+
+
+def test_measure_batched_runs_each_file_and_keeps_the_best_run(tmp_path):
+    """A stand-in llama-batched-bench (a script printing JSON lines) run the way the bench runs the real one: its
+    arguments logged, its best run of each file and batch kept."""
+    calls = tmp_path / "calls"
+    exe = tmp_path / "llama-batched-bench"
+    exe.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" >> {calls}\n'
+        'case "$*" in *Q8_0*) v=100;; *) v=120;; esac\n'
+        "n=$(wc -l < " + str(calls) + ")\n"
+        'echo "{\\"pl\\": 32, \\"speed_tg\\": $((v + n))}"\n'
+    )
+    exe.chmod(0o755)
+    files = {"Q8_0": tmp_path / "m-Q8_0.gguf", "Q4_1": tmp_path / "m-Q4_1.gguf"}
+    out = llamaquant.measure_batched(str(exe), files, (32,), 128, 64, 2, 2, lambda _: None)
+    assert out["samples"] == {"Q8_0": {32: [101.0, 103.0]}, "Q4_1": {32: [122.0, 124.0]}}
+    assert out["tok_s"] == {"Q8_0": {32: 103.0}, "Q4_1": {32: 124.0}}
+    argv = calls.read_text().splitlines()[0].split()
+    assert argv[:10] == ["-c", str(32 * (128 + 64)), "-npp", "128", "-ntg", "64", "-npl", "32", "-pps", "-t"]
+    with pytest.raises(RuntimeError, match="make llama-cpp"):
+        llamaquant.measure_batched(str(tmp_path / "missing"), files, (32,), 128, 64, 1, 2, lambda _: None)
+
+
+def test_compare_puts_each_batch_side_by_side():
+    rows = [
+        _row("float32", "float32", 1, 30.0),
+        _row("int8", "float32", 1, 70.0),
+        _row("float32", "float32", 32, 200.0),
+        {**_row("float32", "int8", 32, 260.0), "label": "float32 + int8 KV"},  # float weights: not a quantized format
+        {**_row("int8", "float32", 32, 280.0, 300.0), "label": "int8"},
+        {**_row("int8", "int8", 32, 320.0), "label": "int8 + int8 KV"},
+    ]
+    peer = {
+        "best_tok_s": {"F32": 45.0, "Q8_0": 90.0, "Q4_1": 115.0},
+        "vs_F32": {"Q8_0": 2.0, "Q4_1": 115 / 45},
+        "batched": {"tok_s": {"Q8_0": {32: 250.0}, "Q4_1": {32: 200.0}}},
+    }
+    c = llamaquant.compare(rows, peer)
+    assert c["int8_vs_q4_1"] == pytest.approx(70 / 115)
+    b32 = c["batched"][32]
+    assert b32["jaxlab"] == {"int8": 300.0, "int8 + int8 KV": 320.0}
+    assert b32["best_jaxlab"] == ["int8 + int8 KV", 320.0] and b32["best_llama_cpp"] == ["Q8_0", 250.0]
+    assert b32["ratio"] == pytest.approx(320 / 250)
+    text = llamaquant.render(
+        {"llama_cpp": {**peer, "what": "w", "argv": ["llama-bench"], "batched": {"what": "b", "argv": ["x"]}},
+         "llama_cpp_vs_jaxlab": c}
+    )  # fmt: skip
+    assert "jaxlab int8 / llama.cpp Q4_1 = 0.61" in text
+    assert "batch 32: jaxlab int8 300, int8 + int8 KV 320; llama.cpp Q8_0 250, Q4_1 200 tok/s" in text
+    assert "jaxlab int8 + int8 KV / llama.cpp Q8_0 = 1.28" in text

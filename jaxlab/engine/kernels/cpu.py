@@ -51,7 +51,10 @@ from jax.custom_batching import custom_vmap
 
 from jaxlab.io.assets import cache_dir
 
-SOURCES = tuple(Path(__file__).with_name("cc") / n for n in ("int8_matmul.cc", "f32_matmul.cc", "paged_attention.cc"))
+SOURCES = tuple(
+    Path(__file__).with_name("cc") / n
+    for n in ("int8_matmul.cc", "f32_matmul.cc", "paged_attention.cc", "stream_read.cc")
+)
 HEADERS = (Path(__file__).with_name("cc") / "threads.h",)
 #: FFI target name -> the handler's symbol in the library
 TARGETS = {
@@ -60,6 +63,7 @@ TARGETS = {
     "jaxlab_paged_attention": "JaxlabPagedAttention",
     "jaxlab_paged_attention_int8": "JaxlabPagedAttentionInt8",
     "jaxlab_contiguous_attention": "JaxlabContiguousAttention",
+    "jaxlab_read_sum": "JaxlabReadSum",
 }
 #: The int8 product runs on the kernel for at most this many int8 rows (a decode step's 1-2 rows, split into hi and
 #: lo); XLA's GEMM is faster from 8 (NOTES 26: the int8 ``Generator`` at 1 / 2 / 4 rows 18.8 -> 12.3, 20.9 -> 17.7
@@ -179,6 +183,12 @@ def f32_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
     """``[R, K] float32 x [K, N] float32 -> [R, N] float32`` by the kernel (CPU only; call :func:`status` first)."""
     out = jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), jnp.float32)
     return jax.ffi.ffi_call("jaxlab_f32_matmul", (out, out))(x, w)[0]  # the second: the kernel's scratch
+
+
+def read_sum(x: jax.Array, chunks: int = 64) -> jax.Array:
+    """``float32 [n] -> [chunks]``: each chunk's sum, read by the kernels' threads, each chunk front to back (the
+    bench's read-bandwidth ceiling; CPU only; call :func:`status` first)."""
+    return jax.ffi.ffi_call("jaxlab_read_sum", jax.ShapeDtypeStruct((chunks,), jnp.float32))(x.reshape(-1))
 
 
 def xla_program(fn):

@@ -371,3 +371,15 @@ def test_cpu_programs_read_the_contiguous_cache_on_the_kernel_for_any_queries():
     vm = jax.jit(jax.vmap(lambda q, p: layer.attend(q, p, pol)))
     assert "jaxlab_contiguous_attention" not in vm.lower(qs, ps).as_text()
     np.testing.assert_allclose(np.asarray(vm(qs, ps))[1], np.asarray(read_slots(q, pos, layer, pol)), atol=1e-6)
+
+
+@pytest.mark.parametrize("n, chunks", [(1, 1), (1000, 7), (64 * 1024 + 5, 64)])
+def test_read_sum_reads_every_element_once(n, chunks):
+    """The bench's read-bandwidth ceiling reads each element exactly once, in chunks (sums within float32 rounding of
+    numpy's, each chunk its own sum)."""
+    _needs_kernel()
+    x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+    got = np.asarray(jax.jit(lambda x: cpu_kernel.read_sum(x, chunks))(jnp.asarray(x)))
+    per = -(-n // chunks)
+    want = [x[c * per : (c + 1) * per].astype(np.float64).sum() for c in range(chunks)]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
