@@ -48,6 +48,7 @@ class HugePageStatus:
 
 @functools.cache
 def status() -> HugePageStatus:
+    """Whether :func:`put` maps host arrays into 2 MB pages in this process (decided once), and why (not)."""
     if os.environ.get(ENV, "1") == "0":
         return HugePageStatus(False, f"{ENV}=0")
     if not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_HUGEPAGE"):
@@ -74,9 +75,10 @@ def huge_page_bytes() -> int | None:
 
 
 def mapping_of(array) -> dict[str, int] | None:
-    """The memory mapping that holds ``array``'s buffer, as ``/proc/self/smaps`` describes it: its ``size`` and the
-    bytes of it in 2 MB pages (``huge``); None where unreadable. (A region :func:`put` made is one mapping; the
-    process's total, :func:`huge_page_bytes`, also moves with every other allocation.)"""
+    """The memory mapping that holds ``array``'s buffer, as ``/proc/self/smaps`` describes it: its ``size``, the
+    bytes of it in 2 MB pages (``huge``) and whether it asked for them (``advised``: ``madvise(MADV_HUGEPAGE)``);
+    None where unreadable. (A region :func:`put` made is one mapping; the process's total, :func:`huge_page_bytes`,
+    also moves with every other allocation. On a busy machine the kernel may grant only part of a region.)"""
     ptr = array.unsafe_buffer_pointer()
     try:
         text = Path("/proc/self/smaps").read_text()
@@ -86,7 +88,9 @@ def mapping_of(array) -> dict[str, int] | None:
         lo, hi = (int(x, 16) for x in block.split(None, 1)[0].split("-"))
         if lo <= ptr < hi:
             huge = re.search(r"AnonHugePages:\s+(\d+) kB", block)
-            return {"size": hi - lo, "huge": int(huge.group(1)) * 1024 if huge else 0}
+            flags = re.search(r"VmFlags:([^\n]*)", block)
+            advised = bool(flags) and "hg" in flags.group(1).split()
+            return {"size": hi - lo, "huge": int(huge.group(1)) * 1024 if huge else 0, "advised": advised}
     return None
 
 

