@@ -20,25 +20,18 @@ def measure_read_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> float | N
     back), the array placed as the weights are (:func:`jaxlab.engine.hugepages.put`: 2 MB pages where the host gives
     them). What a decode step, which reads its weights and writes almost nothing, can at most stream. None where
     the kernels do not run (another backend or CPU: the copy's bandwidth is the only ceiling there)."""
-    import time
-
     import jax
     import numpy as np
 
     from jaxlab.engine import hugepages
     from jaxlab.engine.kernels import cpu as cpu_kernels
+    from jaxlab.tools import profile
 
     if jax.default_backend() != "cpu" or not cpu_kernels.status().available:
         return None
     x = hugepages.put(np.ones(max(1, nbytes // 4), np.float32))
-    read = jax.jit(cpu_kernels.read_sum)
-    jax.block_until_ready(read(x))  # compile + a first read
-    best = float("inf")
-    for _ in range(max(1, repeats)):
-        t0 = time.perf_counter()
-        jax.block_until_ready(read(x))
-        best = min(best, time.perf_counter() - t0)
-    return x.nbytes / best
+    timing = profile.time_fn(jax.jit(cpu_kernels.read_sum), x, repeats=max(1, repeats))  # compile, a first read
+    return x.nbytes / timing.min
 
 
 def compute_pct(flops: float, seconds: float, peak_flops: float) -> float:

@@ -190,10 +190,10 @@ def compare(jaxlab_rows: list[dict], peer: dict) -> dict:
     batched = peer.get("batched")
     if batched:
         out["batched"] = {}
-        for b in sorted({b for per in batched["tok_s"].values() for b in map(int, per)}):
+        per_q = {q: {int(k): v for k, v in per.items()} for q, per in batched["tok_s"].items()}  # JSON: str keys
+        for b in sorted({b for per in per_q.values() for b in per}):
             mine = {r["label"]: best(r) for r in jaxlab_rows if r["batch"] == b and r["weights"] != "float32"}
-            per_b = {q: {int(k): v for k, v in per.items()} for q, per in batched["tok_s"].items()}  # JSON: str keys
-            peer_b = {q: per[b] for q, per in per_b.items() if b in per}
+            peer_b = {q: per[b] for q, per in per_q.items() if b in per}
             peer_q = {q: v for q, v in peer_b.items() if q != "F32"}
             if not mine or not peer_q:
                 continue

@@ -105,7 +105,7 @@ def put(tree):
     """``jax.device_put(tree)``, with the host arrays (numpy, or jax arrays on the default CPU device) copied into
     one region in 2 MB pages first, so that the placed arrays are views of it. Other leaves are placed as they are."""
     leaves, treedef = jax.tree.flatten(tree)
-    picked = [i for i, leaf in enumerate(leaves) if status().available and _movable(leaf)]
+    picked = [i for i, leaf in enumerate(leaves) if _movable(leaf)] if status().available else []
     offsets, total = {}, 0
     for i in picked:
         offsets[i] = total
