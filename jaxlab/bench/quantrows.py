@@ -14,7 +14,8 @@ from jaxlab.bench.options import Options
 from jaxlab.bench.stats import ratio, summarize, summary_map
 
 METHOD = (
-    "decode step (forward + greedy pick, cache donated, token to host each step) of every variant, "
+    "decode step (forward + greedy pick, cache donated, token to host each step, the next step launched before "
+    "it is read, as Generator's loop does) of every variant, "
     "compiled and warmed up first, then alternated rep by rep in one process; vs_float32 = median "
     "over repetitions of float32's step time / this step time in the same repetition (paired, so a "
     "slow drift in machine load cancels); bytes/step = weights + K/V of the mean context in the "
@@ -40,7 +41,8 @@ def measure_quant(opts: Options, setup: Setup, quantized: dict) -> dict:
     variants alike.
 
     A step is the library's (:func:`jaxlab.engine.steps.decode_step`, jitted with the cache donated:
-    forward + greedy pick) with the token sent to the host after each step, as ``Generator`` does. The
+    forward + greedy pick) with the token sent to the host after each step and the next step launched before that
+    read, as ``Generator`` does. The
     cache holds ``prompt_len`` filled slots of ``cache_len`` (zeros: the step's cost does not depend on
     what the cache holds, as attention reads every slot). The weights are quantized as
     ``jaxlab.load(quant=...)`` does (``quant.quantize_model``: W8A8 calibrated); ``quantized``
@@ -50,7 +52,7 @@ def measure_quant(opts: Options, setup: Setup, quantized: dict) -> dict:
     import numpy as np
 
     from jaxlab import quant
-    from jaxlab.engine.kvcache import init_cache
+    from jaxlab.engine.kvcache import init_cache, key_layout_for
     from jaxlab.engine.sampling import SamplingParams
     from jaxlab.engine.steps import jit_decode
 
@@ -77,8 +79,9 @@ def measure_quant(opts: Options, setup: Setup, quantized: dict) -> dict:
     first = {b: jnp.asarray([r[-1] for r in setup.rows[:b]], jnp.int32) for b in batches}
     positions = {b: [jnp.full((b,), P + s, jnp.int32) for s in range(k)] for b in batches}
 
-    def fresh_cache(b, kv):
-        cache = init_cache(cfg, b, cache_len, kv)
+    def fresh_cache(b, kv, w="float32"):
+        # the key layout Generator gives it (keys transposed for a float32 cache on XLA:CPU: the attention kernel's)
+        cache = init_cache(cfg, b, cache_len, kv, key_layout=key_layout_for(weights[w].policy.attention, kv))
         slots = jnp.arange(cache_len, dtype=jnp.int32)
         pos = jnp.broadcast_to(jnp.where(slots < P, slots, -1), (b, cache_len))
         return jax.block_until_ready(dataclasses.replace(cache, pos=pos, index=jnp.asarray(P, jnp.int32)))
@@ -89,7 +92,7 @@ def measure_quant(opts: Options, setup: Setup, quantized: dict) -> dict:
             log(f"quantized decode: compile {quant_label(w, kv)}, batch {b}")
             t0 = time.perf_counter()
             compiled[w, kv, b] = jit_decode.lower(
-                weights[w], first[b], positions[b][0], fresh_cache(b, kv), key, samp
+                weights[w], first[b], positions[b][0], fresh_cache(b, kv, w), key, samp
             ).compile()
             compile_log.append(
                 {
@@ -103,10 +106,14 @@ def measure_quant(opts: Options, setup: Setup, quantized: dict) -> dict:
             )
 
     def run(w, kv, b, steps=k) -> float:
-        fn, p, tokens, cache = compiled[w, kv, b], weights[w], first[b], fresh_cache(b, kv)
+        fn, p, cache = compiled[w, kv, b], weights[w], fresh_cache(b, kv, w)
         t0 = time.perf_counter()
+        out = fn(p, first[b], positions[b][0], cache, key, samp)
         for s in range(steps):
-            tokens, _, cache = fn(p, tokens, positions[b][s], cache, key, samp)
+            tokens, _, cache = out
+            # the next step is launched before this one's tokens are read (it takes them on the device), as in
+            # Generator's loop: the host's read and the next dispatch overlap the device's step
+            out = fn(p, tokens, positions[b][s + 1], cache, key, samp) if s + 1 < steps else None
             np.asarray(tokens)  # the host gets every token, as in Generator's loop
         return (time.perf_counter() - t0) / steps
 
@@ -144,6 +151,7 @@ def measure_quant(opts: Options, setup: Setup, quantized: dict) -> dict:
                     "weight_bytes": wb,
                     "bytes_per_step": decode_step_bytes(wb, cfg, b, P + k / 2, kv),
                     "compile_s": compile_s[quant_label(w, kv), b],
+                    "key_layout": key_layout_for(weights[w].policy.attention, kv),
                 }
             )
     return {

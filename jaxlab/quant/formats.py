@@ -194,10 +194,21 @@ def _w8a8_dot(x2, q, scale):
     return _int8_matmul(xq, q)[:r] * s * scale
 
 
-def _int8_dot(x2, q, scale):
-    r = x2.shape[0]
+def _xla_split_matmul(x2, q):
     rows, s = split_activations(x2)
-    return join_split(_int8_matmul(rows, q), r) * s * scale
+    return _xla_int8_matmul(rows, q), s
+
+
+def _int8_dot(x2, q, scale):
+    """A few rows lowered for a CPU are split and multiplied in one call of jaxlab's kernel (the same integers and
+    scales as XLA's program, without its small fusions before every product); the join and the scaling stay here,
+    where XLA fuses them with what follows alike at every row count."""
+    r = x2.shape[0]
+    if cpu_kernels.uses_int8_matmul(2 * r):
+        acc, s = jax.lax.platform_dependent(x2, q, cpu=cpu_kernels.int8_split_matmul, default=_xla_split_matmul)
+    else:
+        acc, s = _xla_split_matmul(x2, q)
+    return join_split(acc.astype(jnp.float32), r) * s * scale
 
 
 def unpack_int4(packed: Array) -> Array:

@@ -14,6 +14,7 @@ import json
 import math
 from pathlib import Path
 
+import jax
 import pytest
 from conftest import share_loads
 
@@ -619,6 +620,10 @@ def test_quick_quantized_rows(quick):
     for r in rows:
         assert r["step_s"]["median"] > 0 and r["vs_float32"] > 0 and math.isfinite(r["bw_roofline_pct"])
     assert rows[2]["weight_bytes"] < rows[0]["weight_bytes"] / 3
+    # each row's cache is laid out as Generator lays it out (on XLA:CPU a float32 cache's keys transposed, "ds": what
+    # its attention kernel reads; int8 "sd")
+    want = "ds" if jax.default_backend() == "cpu" else "sd"
+    assert [r["key_layout"] for r in rows] == [want, "sd", "sd"]
     assert rows[1]["bytes_per_step"] < rows[0]["bytes_per_step"]  # the int8 cache moves fewer K/V bytes
     assert [c["label"] for c in res["quant"]["crossover"]] == ["float32 + int8 KV", "int8 + int8 KV"]
     assert sum(c["function"] == "decode step (quant rows)" for c in res["compile"]) == 3

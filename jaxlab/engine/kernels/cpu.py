@@ -4,7 +4,10 @@ step's few rows is far from what the CPU can do.
 * ``cc/int8_matmul.cc`` — the int8 matrix product ``[R, K] int8 x [N, K] int8 -> [R, N] int32`` of a few rows (a
   decode step's 1-2 rows, split into hi and lo): AVX-512 VNNI, the weight rows split over the CPU's cores. At one
   or two rows XLA:CPU's int8 GEMM (YNNPACK) reads the weights at under half of what two cores can stream
-  (``benchmarks/NOTES.md`` 15, 26). Integer sums are exact, so it gives **the same bits** as XLA's dot.
+  (``benchmarks/NOTES.md`` 15, 26). Integer sums are exact, so it gives **the same bits** as XLA's dot. The int8
+  weight-only layers call it with float32 rows (``jaxlab_int8_split_matmul``): the split into hi and lo happens in
+  the call, with XLA's float operations for it (the same int8 rows and scales), instead of in five small XLA fusions
+  before each product (NOTES 31).
 * ``cc/f32_matmul.cc`` — the float32 product ``[R, K] x [K, N]`` of a decode step's rows (a linear layer): each
   output two multiply-add chains, over k's two halves, then their sum, whatever the row count (so a row is the same
   bits alone and among others). Up to 8 rows each of two threads reads one half of the weights front to back, at a
@@ -59,6 +62,7 @@ HEADERS = (Path(__file__).with_name("cc") / "threads.h",)
 #: FFI target name -> the handler's symbol in the library
 TARGETS = {
     "jaxlab_int8_matmul": "JaxlabInt8Matmul",
+    "jaxlab_int8_split_matmul": "JaxlabInt8SplitMatmul",
     "jaxlab_f32_matmul": "JaxlabF32Matmul",
     "jaxlab_paged_attention": "JaxlabPagedAttention",
     "jaxlab_paged_attention_int8": "JaxlabPagedAttentionInt8",
@@ -177,6 +181,15 @@ def status() -> KernelStatus:
 def int8_matmul(xq: jax.Array, q: jax.Array) -> jax.Array:
     """``[R, K] int8 x [N, K] int8 -> [R, N] int32`` by the kernel (CPU only; call :func:`status` first)."""
     return jax.ffi.ffi_call("jaxlab_int8_matmul", jax.ShapeDtypeStruct((xq.shape[0], q.shape[0]), jnp.int32))(xq, q)
+
+
+def int8_split_matmul(x: jax.Array, q: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``x [R, K] float32, q [N, K] int8 -> (y [2R, N] int32, s [R, 1] float32)``: ``quant.formats.split_activations``
+    of x (the same bits) and the product of its rows with q, in one call by the kernel (CPU only; call :func:`status`
+    first)."""
+    r, n = x.shape[0], q.shape[0]
+    out = (jax.ShapeDtypeStruct((2 * r, n), jnp.int32), jax.ShapeDtypeStruct((r, 1), jnp.float32))
+    return jax.ffi.ffi_call("jaxlab_int8_split_matmul", out)(x, q)
 
 
 def f32_matmul(x: jax.Array, w: jax.Array) -> jax.Array:

@@ -87,13 +87,80 @@ def test_the_kernel_gives_xla_dots_integers_for_every_int8_value(rows):
         np.testing.assert_array_equal(np.asarray(kernel(x, w)), np.asarray(xla(x, w)), err_msg=f"{rows}x{k} . {n}x{k}")
 
 
+@pytest.mark.parametrize("rows", [1, 2])
+def test_the_split_product_is_xlas_split_and_dot_bit_for_bit(rows):
+    """int8 weight-only rows: the kernel's split of float32 activations into hi and lo int8 rows, and their scales,
+    are quant.formats.split_activations' as XLA:CPU computes it (same bits), and the products XLA's dot of those
+    rows: zero rows, rows of one large value, tiny and subnormal values, inner sizes around the 16 floats of a
+    vector, up to the head's 49,152 outputs."""
+    from jaxlab.quant import formats
+
+    _needs_kernel()
+    rng = np.random.default_rng(10 + rows)
+    kernel = jax.jit(cpu_kernel.int8_split_matmul)
+
+    @jax.jit
+    def xla(x, w):
+        rows, s = formats.split_activations(x)
+        return jax.lax.dot_general(rows, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32), s
+
+    # a long row: x / s divided (not multiplied by 1 / s, as XLA does) moves about one lo value in 7,000
+    for k, n in [(1, 1), (15, 3), (16, 16), (17, 33), (576, 576), (1536, 600), (576, 49152), (200_003, 2)]:
+        w = rng.integers(-128, 128, (n, k), dtype=np.int8)
+        for case in ("normal", "zero", "spike", "tiny"):
+            x = (rng.standard_normal((rows, k)) * rng.uniform(0.01, 100, (rows, 1))).astype(np.float32)
+            if case == "zero":
+                x[0] = 0
+            elif case == "spike":
+                x[-1, k // 2] = 3e4
+            elif case == "tiny":
+                x[0] *= np.float32(1e-39)
+            with cpu_kernel.xla_only():
+                want_acc, want_s = xla(x, w)
+            acc, s = kernel(x, w)
+            where = f"{rows}x{k} . {n}x{k}, {case}"
+            np.testing.assert_array_equal(
+                np.asarray(s).view(np.int32), np.asarray(want_s).view(np.int32), err_msg=where
+            )
+            np.testing.assert_array_equal(np.asarray(acc), np.asarray(want_acc), err_msg=where)
+
+
+def test_an_int8_row_is_the_same_bits_on_the_kernel_as_among_xlas_rows_whatever_follows():
+    """The join and the scaling stay in XLA's program (quant.formats): there XLA:CPU fuses the last product
+    with a residual add or the rotary embedding into one multiply-add at every row count. A row on the kernel (1
+    row) must give the bits of the same row among XLA's (3 rows), followed by each."""
+    _needs_kernel()
+    rng = np.random.default_rng(3)
+    k, n = 576, 576
+    m = quantize_matrix((rng.standard_normal((n, k)) * 0.05).astype(np.float32), "int8")
+    x, h = (jnp.asarray(rng.standard_normal((3, d)), jnp.float32) for d in (k, n))
+    angle = jnp.asarray(rng.uniform(0, 3, (3, n)), jnp.float32)
+
+    def rotary(y, a):
+        return y * jnp.cos(a) + jnp.concatenate([-y[:, n // 2 :], y[:, : n // 2]], -1) * jnp.sin(a)
+
+    follows = {
+        "nothing": lambda y, h, a: y,
+        "residual add": lambda y, h, a: h + y,
+        "rotary": lambda y, h, a: rotary(y, a),
+    }
+    for name, then in follows.items():
+        f = jax.jit(lambda x, h, a, then=then: then(m.dot(x), h, a))
+        assert "jaxlab_int8_split_matmul" in f.lower(x[:1], h[:1], angle[:1]).as_text()
+        one, among = np.asarray(f(x[:1], h[:1], angle[:1])), np.asarray(f(x, h, angle))[:1]
+        np.testing.assert_array_equal(one, among, err_msg=name)
+
+
 def test_cpu_programs_hold_the_kernel_for_few_rows_and_tpu_programs_never():
     _needs_kernel()
-    w = quantize_matrix(np.random.default_rng(0).standard_normal((64, 128)).astype(np.float32), "int8")
+    rng = np.random.default_rng(0)
+    w = quantize_matrix(rng.standard_normal((64, 128)).astype(np.float32), "int8")
+    w8a8 = quantize_matrix(rng.standard_normal((64, 128)).astype(np.float32), "w8a8")
     f = jax.jit(lambda m, x: m.dot(x))
     for rows, expect in [(1, True), (2, True), (3, False), (8, False)]:  # activation rows are split in two: <= 4
         x = jnp.ones((rows, 128), jnp.float32)
-        assert ("jaxlab_int8_matmul" in f.lower(w, x).as_text()) == expect, rows
+        assert ("jaxlab_int8_split_matmul" in f.lower(w, x).as_text()) == expect, rows
+        assert ("jaxlab_int8_matmul" in f.lower(w8a8, x).as_text()) == (rows <= 4), rows  # w8a8: unsplit rows
         tpu = f.trace(w, x).lower(lowering_platforms=("tpu",)).as_text()
         assert "custom_call" not in tpu, rows
     x = jnp.asarray(np.random.default_rng(1).standard_normal((2, 128)), jnp.float32)

@@ -113,7 +113,72 @@ ffi::Error Int8Matmul(ffi::Buffer<ffi::S8> x, ffi::Buffer<ffi::S8> w, ffi::Resul
   return ffi::Error::Success();
 }
 
+// The int8 weight-only product of a few float32 rows: quant.formats's split of the activations into hi and lo int8
+// rows and the product above in one call, instead of a custom call after five small XLA fusions (each distinct
+// activation of a decode step: 121 of them). Every float operation is the one XLA:CPU runs for
+// quant.formats.split_activations (its optimized HLO: the division by 127 becomes a product with its float32
+// reciprocal, x / s becomes x * (1 / s)), in the same order, so the rows and scales are the same bits as XLA's:
+//   s = max_k |x[r, k]| * (1 / 127), 1 where that is not > 0;   t = x * (1 / s)
+//   hi = round_even(t), lo = round_even((t - hi) * 254)          (int8: |t| <= 127, |t - hi| <= 0.5)
+// The join and the scaling, ((hi . w) + (lo . w) / 254) * s * scale, stay in XLA's program: there they fuse with what
+// follows (a residual add, the rotary embedding) into the same multiply-adds whatever the row count, so a row is the
+// same bits alone (on this kernel) and among others (XLA's dot). Returned joined and scaled here, the last product
+// was rounded before the add: up to 1 ulp apart (measured).
+constexpr float kInv127 = 1.0f / 127.0f;
+constexpr float kSplit = 254.0f;
+
+// x [R, K] float32 -> xu [2R, K] (hi rows, then lo rows, each + 128 for vpdpbusd) and s [R]
+void Split(const float* x, int64_t R, int64_t K, uint8_t* xu, float* s) {
+  const __m512i bias = _mm512_set1_epi32(128);
+  for (int64_t r = 0; r < R; ++r) {
+    const float* row = x + r * K;
+    __m512 m = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+      const __mmask16 mask = K - k >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (K - k)) - 1);
+      m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_maskz_loadu_ps(mask, row + k)));
+    }
+    float sr = _mm512_reduce_max_ps(m) * kInv127;
+    sr = sr > 0.0f ? sr : 1.0f;
+    s[r] = sr;
+    const __m512 inv = _mm512_set1_ps(1.0f / sr), split = _mm512_set1_ps(kSplit);
+    for (int64_t k = 0; k < K; k += 16) {
+      const __mmask16 mask = K - k >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (K - k)) - 1);
+      const __m512 t = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, row + k), inv);
+      const __m512 hi = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m512 lo =
+          _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(t, hi), split), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      _mm512_mask_cvtepi32_storeu_epi8(xu + r * K + k, mask, _mm512_add_epi32(_mm512_cvtps_epi32(hi), bias));
+      _mm512_mask_cvtepi32_storeu_epi8(xu + (R + r) * K + k, mask, _mm512_add_epi32(_mm512_cvtps_epi32(lo), bias));
+    }
+  }
+}
+
+ffi::Error Int8SplitMatmul(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> w, ffi::ResultBuffer<ffi::S32> y,
+                           ffi::ResultBuffer<ffi::F32> s) {
+  const auto xd = x.dimensions(), wd = w.dimensions();
+  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1])
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jaxlab_int8_split_matmul: expected x [R, K] and w [N, K]");
+  const int64_t R = xd[0], K = xd[1], N = wd[0];
+  thread_local std::vector<uint8_t> xu;
+  xu.resize(2 * R * K);
+  Split(x.typed_data(), R, K, xu.data(), s->typed_data());
+  const int64_t threads = jaxlab::Threads();
+  Product p{xu.data(), w.typed_data(), y->typed_data(), 2 * R, K, N,
+            std::max<int64_t>(16, (N + 8 * threads - 1) / (8 * threads))};
+  jaxlab::Job job(ProductChunk, &p, (N + p.chunk - 1) / p.chunk);
+  jaxlab::RunSized(&job, 2 * R * K * N, kAloneProducts);
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxlabInt8SplitMatmul, Int8SplitMatmul,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // x [R, K]
+                                  .Arg<ffi::Buffer<ffi::S8>>()   // w [N, K]
+                                  .Ret<ffi::Buffer<ffi::S32>>()  // y [2R, N]: the hi rows' products, then the lo rows'
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // s [R, 1]
+);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxlabInt8Matmul, Int8Matmul,
                               ffi::Ffi::Bind()
