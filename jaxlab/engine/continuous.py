@@ -108,6 +108,8 @@ class Stream:
     arrived: float = 0.0  # perf_counter() when added
     first_token_at: float | None = None
     finished_at: float | None = None
+    compiled_at_first: float = 0.0  # the engine's compile seconds so far, at the first token and at the end
+    compiled_at_finish: float = 0.0
     pieces: deque = field(default_factory=deque, repr=False)
     sent: int = 0  # tokens handed out in outputs so far
 
@@ -504,6 +506,7 @@ class Engine:
         seq = stream.seq
         if stream.first_token_at is None:
             stream.first_token_at = time.perf_counter()
+            stream.compiled_at_first = self.programs.compile_seconds_total
         before = len(stream.text)
         for j, (token, logp) in enumerate(zip(tokens, logps)):
             seq.generated.append(token)
@@ -536,6 +539,7 @@ class Engine:
         elif self.tokenizer is None:
             stream.text = ""
         stream.finished, stream.finish_reason, stream.finished_at = True, reason, time.perf_counter()
+        stream.compiled_at_finish = self.programs.compile_seconds_total
         return self._output(stream, before, reason)
 
     def _output(self, stream: Stream, before: int, reason: str | None = None) -> RequestOutput:
@@ -576,8 +580,9 @@ class Engine:
         """Every prompt as a request, run to the end; results in order. A prompt is a checked
         :class:`~jaxlab.engine.plan.GenerationRequest` (taken as is) or token ids, checked with the keywords (seeds
         ``seed``, ``seed + 1``, ...). ``on_text(row, piece)`` is called as each row's text arrives. The results'
-        timings: prefill = time to the row's first token, decode = the rest, compile = seconds this call spent
-        compiling (inside the prefill)."""
+        timings, as Generator's: prefill = time to the row's first token, decode = the rest, each without the compiles
+        that ran in it; compile = seconds this call spent compiling (a decode program first needed after the first
+        token compiles in the decode's time, and is taken out of it)."""
         compiled = self.programs.compile_seconds_total
         t0 = time.perf_counter()
         options = dict(max_new_tokens=max_new_tokens, stop=stop, ignore_eos=ignore_eos, logprobs=logprobs)
@@ -600,7 +605,10 @@ class Engine:
         for s in streams:
             r = s.result()
             first = s.first_token_at or s.finished_at
-            r.prefill_seconds, r.decode_seconds, r.compile_seconds = first - t0, s.finished_at - first, compile_s
+            at_first = s.compiled_at_first if s.first_token_at is not None else s.compiled_at_finish
+            r.prefill_seconds = first - t0 - (at_first - compiled)
+            r.decode_seconds = s.finished_at - first - (s.compiled_at_finish - at_first)
+            r.compile_seconds = compile_s
             results.append(r)
         return results
 

@@ -50,6 +50,8 @@ class GenerationResult:
     text: str
     finish_reason: str  # "eos", "stop" (a stop string) or "length"
     logprobs: list[float] | None = None
+    #: the prompt's time to the first token and the rest of the generation, neither counting compiles (Generator and
+    #: the engine alike), and the compiles this call ran
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     compile_seconds: float = 0.0
