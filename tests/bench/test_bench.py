@@ -130,6 +130,7 @@ def test_evaluate_targets_on_hand_made_numbers():
         "quant_b32_vs_llama": 1.02,
         "int8_b1_vs_llama_q4_1": 0.54,
         "int8_b1_read_pct": None,  # no read ceiling (another backend)
+        "quant_compile_max_s": 2.9,
     }
     got = {t["key"]: t["status"] for t in targets.evaluate_targets(metrics)}
     assert got == {
@@ -146,6 +147,7 @@ def test_evaluate_targets_on_hand_made_numbers():
         "quant_b32_vs_llama": "PASS",
         "int8_b1_vs_llama_q4_1": "MISS",
         "int8_b1_read_pct": "n/a",
+        "quant_compile_max_s": "PASS",
     }
     assert all(t["status"] == "n/a" for t in targets.evaluate_targets({}))
     nan = {t["key"]: t["status"] for t in targets.evaluate_targets({"ttft_warm_s": float("nan")})}
@@ -155,8 +157,8 @@ def test_evaluate_targets_on_hand_made_numbers():
     assert lines[0].startswith("PASS") and "1.40x" in lines[0]
     assert lines[1].startswith("MISS") and "84.9 %" in lines[1]
     assert lines[2].startswith("n/a") and "not measured" in lines[2]
-    assert lines[-4] == "PASS  quantized decode batch 1 >= 1.3x float32 (best format): measured 1.30x (int8 + int8 KV)"
-    assert lines[-3] == "PASS  quantized decode batch 32 >= 1.0x llama.cpp (fastest of each): measured 1.02x"
+    assert lines[-5] == "PASS  quantized decode batch 1 >= 1.3x float32 (best format): measured 1.30x (int8 + int8 KV)"
+    assert lines[-4] == "PASS  quantized decode batch 32 >= 1.0x llama.cpp (fastest of each): measured 1.02x"
 
 
 def test_copy_heavy_speedup_counts_only_identical_tokens():
@@ -182,6 +184,8 @@ def test_headline_metrics_pick_the_right_numbers():
             {"function": "decode", "seconds": 2.5, "dtype": "float32"},
             {"function": "decode", "seconds": 9.0, "dtype": "bfloat16"},  # a stage, not a target
             {"function": "on-device loop", "seconds": 8.0, "dtype": "float32"},
+            {"function": "decode step (quant rows)", "seconds": 2.8, "dtype": "int8 + int8 KV"},
+            {"function": "decode step (quant rows)", "seconds": 1.2, "dtype": "int8"},
         ],
         "ttft": {"warm": {"median": 0.7}},
         "speculative": [{"task": "copy-heavy", "method": "ngram", "speed-up": 1.5, "identical": "yes"}],
@@ -204,6 +208,7 @@ def test_headline_metrics_pick_the_right_numbers():
         "quant_b32_vs_llama_label": None,
         "int8_b1_vs_llama_q4_1": None,
         "int8_b1_read_pct": None,
+        "quant_compile_max_s": 2.8,  # the slowest quantized decode program
     }
     assert targets.headline_metrics({"decode": [], "compile": [], "ttft": None})["ttft_warm_s"] is None
     # a --quant-only run: no float32 rows, quantized rows only
