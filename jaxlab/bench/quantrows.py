@@ -79,7 +79,7 @@ def measure_quant(opts: Options, setup: Setup, quantized: dict) -> dict:
     first = {b: jnp.asarray([r[-1] for r in setup.rows[:b]], jnp.int32) for b in batches}
     positions = {b: [jnp.full((b,), P + s, jnp.int32) for s in range(k)] for b in batches}
 
-    def fresh_cache(b, kv, w="float32"):
+    def fresh_cache(b, kv, w):
         # the key layout Generator gives it (keys transposed for a float32 cache on XLA:CPU: the attention kernel's)
         cache = init_cache(cfg, b, cache_len, kv, key_layout=key_layout_for(weights[w].policy.attention, kv))
         slots = jnp.arange(cache_len, dtype=jnp.int32)

@@ -96,6 +96,14 @@ void ProductChunk(const void* context, int64_t c) {
   Columns(p.xu, p.w, p.y, p.R, p.K, p.N, n0, std::min(p.N, n0 + p.chunk));
 }
 
+// y [R, N] = xu [R, K] (unsigned: x + 128) . w [N, K], the weight rows split over the calling thread and the helpers
+void Multiply(const uint8_t* xu, const int8_t* w, int32_t* y, int64_t R, int64_t K, int64_t N) {
+  const int64_t threads = jaxlab::Threads();
+  Product p{xu, w, y, R, K, N, std::max<int64_t>(16, (N + 8 * threads - 1) / (8 * threads))};
+  jaxlab::Job job(ProductChunk, &p, (N + p.chunk - 1) / p.chunk);
+  jaxlab::RunSized(&job, R * K * N, kAloneProducts);
+}
+
 ffi::Error Int8Matmul(ffi::Buffer<ffi::S8> x, ffi::Buffer<ffi::S8> w, ffi::ResultBuffer<ffi::S32> y) {
   const auto xd = x.dimensions(), wd = w.dimensions();
   if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1])
@@ -105,11 +113,7 @@ ffi::Error Int8Matmul(ffi::Buffer<ffi::S8> x, ffi::Buffer<ffi::S8> w, ffi::Resul
   shifted.resize(R * K);
   const int8_t* xs = x.typed_data();
   for (int64_t i = 0; i < R * K; ++i) shifted[i] = static_cast<uint8_t>(xs[i] + 128);
-  const int64_t threads = jaxlab::Threads();
-  Product p{shifted.data(), w.typed_data(), y->typed_data(), R, K, N,
-            std::max<int64_t>(16, (N + 8 * threads - 1) / (8 * threads))};
-  jaxlab::Job job(ProductChunk, &p, (N + p.chunk - 1) / p.chunk);
-  jaxlab::RunSized(&job, R * K * N, kAloneProducts);
+  Multiply(shifted.data(), w.typed_data(), y->typed_data(), R, K, N);
   return ffi::Error::Success();
 }
 
@@ -127,6 +131,11 @@ ffi::Error Int8Matmul(ffi::Buffer<ffi::S8> x, ffi::Buffer<ffi::S8> w, ffi::Resul
 constexpr float kInv127 = 1.0f / 127.0f;
 constexpr float kSplit = 254.0f;
 
+// the lanes of the 16 floats from k that lie before K
+inline __mmask16 Lanes(int64_t k, int64_t K) {
+  return K - k >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (K - k)) - 1);
+}
+
 // x [R, K] float32 -> xu [2R, K] (hi rows, then lo rows, each + 128 for vpdpbusd) and s [R]
 void Split(const float* x, int64_t R, int64_t K, uint8_t* xu, float* s) {
   const __m512i bias = _mm512_set1_epi32(128);
@@ -134,7 +143,7 @@ void Split(const float* x, int64_t R, int64_t K, uint8_t* xu, float* s) {
     const float* row = x + r * K;
     __m512 m = _mm512_setzero_ps();
     for (int64_t k = 0; k < K; k += 16) {
-      const __mmask16 mask = K - k >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (K - k)) - 1);
+      const __mmask16 mask = Lanes(k, K);
       m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_maskz_loadu_ps(mask, row + k)));
     }
     float sr = _mm512_reduce_max_ps(m) * kInv127;
@@ -142,7 +151,7 @@ void Split(const float* x, int64_t R, int64_t K, uint8_t* xu, float* s) {
     s[r] = sr;
     const __m512 inv = _mm512_set1_ps(1.0f / sr), split = _mm512_set1_ps(kSplit);
     for (int64_t k = 0; k < K; k += 16) {
-      const __mmask16 mask = K - k >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (K - k)) - 1);
+      const __mmask16 mask = Lanes(k, K);
       const __m512 t = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, row + k), inv);
       const __m512 hi = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       const __m512 lo =
@@ -162,11 +171,7 @@ ffi::Error Int8SplitMatmul(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> w, ffi:
   thread_local std::vector<uint8_t> xu;
   xu.resize(2 * R * K);
   Split(x.typed_data(), R, K, xu.data(), s->typed_data());
-  const int64_t threads = jaxlab::Threads();
-  Product p{xu.data(), w.typed_data(), y->typed_data(), 2 * R, K, N,
-            std::max<int64_t>(16, (N + 8 * threads - 1) / (8 * threads))};
-  jaxlab::Job job(ProductChunk, &p, (N + p.chunk - 1) / p.chunk);
-  jaxlab::RunSized(&job, 2 * R * K * N, kAloneProducts);
+  Multiply(xu.data(), w.typed_data(), y->typed_data(), 2 * R, K, N);
   return ffi::Error::Success();
 }
 
